@@ -1,0 +1,57 @@
+// Command flowgate attaches an egress gateway to a network namespace, and
+// checks, prints and audits the nftables rules a policy compiles to.
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+
+	"github.com/spf13/cobra"
+)
+
+// exitError carries a process exit code through cobra; its message, if any,
+// has already been printed or is printed by main.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string {
+	if e.err == nil {
+		return fmt.Sprintf("exit %d", e.code)
+	}
+	return e.err.Error()
+}
+
+func (e *exitError) Unwrap() error { return e.err }
+
+var rootCmd = &cobra.Command{
+	Use:           "flowgate",
+	Short:         "Egress gateway for agent sandboxes: decide what a uid in a netns can reach",
+	SilenceUsage:  true,
+	SilenceErrors: true,
+}
+
+func main() {
+	os.Exit(run(os.Args[1:]))
+}
+
+// run executes the command line and returns the exit code: 0 on success,
+// the code of an exitError, or 1 for any other error.
+func run(args []string) int {
+	rootCmd.SetArgs(args)
+	err := rootCmd.Execute()
+	if err == nil {
+		return 0
+	}
+	var ee *exitError
+	if errors.As(err, &ee) {
+		if ee.err != nil {
+			fmt.Fprintln(os.Stderr, "flowgate:", ee.err)
+		}
+		return ee.code
+	}
+	fmt.Fprintln(os.Stderr, "flowgate:", err)
+	return 1
+}

@@ -1,0 +1,132 @@
+package gate
+
+import (
+	"fmt"
+	"net/netip"
+	"net/url"
+	"strings"
+)
+
+// DoHCanary is the name whose NXDOMAIN tells browsers not to turn on DNS
+// over HTTPS by themselves, which would bypass the DNS proxy.
+const DoHCanary = "use-application-dns.net"
+
+// Name decides a canonical host name, as a DNS query, a TLS SNI, a Host
+// header or a CONNECT target names it. It does not look at addresses: a name
+// allowed here still has to match its destination (see Names).
+func (p *Policy) Name(name string) Decision {
+	if r := metadataHosts.Match(name); r != nil {
+		return deny(ReasonMetadata, r)
+	}
+	switch p.Mode {
+	case Public:
+		return allow(ReasonPublic, nil)
+	case NoNetwork:
+		return deny(ReasonNoNetwork, nil)
+	case Denylist:
+		if name == DoHCanary {
+			return deny(ReasonDoHCanary, nil)
+		}
+		if r := p.Hosts.Match(name); r != nil {
+			return deny(ReasonHostBlocked, r)
+		}
+		return allow(ReasonNotBlocked, nil)
+	case Allowlist:
+		if name == DoHCanary {
+			return deny(ReasonDoHCanary, nil)
+		}
+		if r := p.Hosts.Match(name); r != nil {
+			if r.Kind == KindService {
+				return allow(ReasonServiceAllowed, r)
+			}
+			return allow(ReasonHostAllowed, r)
+		}
+		return deny(ReasonNotAllowed, nil)
+	}
+	return deny(ReasonNotAllowed, nil)
+}
+
+// Addr decides a destination address by the address rules alone: metadata,
+// the mode, and CIDR rules. In allowlist an address no rule names is denied
+// here; the data plane admits it when it was learned from an allowed answer.
+func (p *Policy) Addr(a netip.Addr) Decision {
+	a = a.Unmap().WithZone("")
+	if r := metadataAddrs.Match(a); r != nil {
+		return deny(ReasonMetadata, r)
+	}
+	switch p.Mode {
+	case Public:
+		return allow(ReasonPublic, nil)
+	case NoNetwork:
+		return deny(ReasonNoNetwork, nil)
+	case Denylist:
+		if r := p.CIDRs.Match(a); r != nil {
+			return deny(ReasonCIDRBlocked, r)
+		}
+		return allow(ReasonNotBlocked, nil)
+	case Allowlist:
+		if r := p.CIDRs.Match(a); r != nil {
+			return allow(ReasonCIDRAllowed, r)
+		}
+		return deny(ReasonUnknownAddress, nil)
+	}
+	return deny(ReasonNotAllowed, nil)
+}
+
+// Host decides a canonical host: by name, or by address for an IP literal.
+func (p *Policy) Host(h Host) Decision {
+	if h.IsAddr() {
+		return p.Addr(h.Addr)
+	}
+	return p.Name(h.Name)
+}
+
+// Request decides an HTTP request: the host, then the blocked_urls rules
+// against the canonical path (from CanonicalPath).
+func (p *Policy) Request(h Host, canonicalPath string) Decision {
+	d := p.Host(h)
+	if !d.Allow || p.Mode != Denylist {
+		return d
+	}
+	if r := p.URLs.Match(h.String(), canonicalPath); r != nil {
+		return deny(ReasonURLBlocked, r)
+	}
+	return d
+}
+
+// NeedsIntercept reports whether HTTPS to this host can only be enforced by
+// reading its requests: some blocked_urls rule covers it.
+func (p *Policy) NeedsIntercept(h Host) bool {
+	return p.Mode == Denylist && p.URLs.HasRules(h.String())
+}
+
+// Target decides what `flowgate check` is given: a host, "host:port", or an
+// http(s) URL (its query is ignored), without touching the network.
+func (p *Policy) Target(t string) (Decision, error) {
+	if !strings.Contains(t, "://") {
+		h, _, err := ParseTarget(t)
+		if err != nil {
+			return Decision{}, err
+		}
+		return p.Host(h), nil
+	}
+	u, err := url.Parse(t)
+	if err != nil {
+		return Decision{}, fmt.Errorf("target %q: %w", t, err)
+	}
+	if s := strings.ToLower(u.Scheme); s != "http" && s != "https" {
+		return Decision{}, fmt.Errorf("target %q: scheme %q is not http or https", t, u.Scheme)
+	}
+	if u.Host == "" || u.Opaque != "" {
+		return Decision{}, fmt.Errorf("target %q: URL has no host", t)
+	}
+	h, _, err := ParseTarget(u.Host)
+	if err != nil {
+		return Decision{}, err
+	}
+	path, err := CanonicalPath(u.EscapedPath())
+	if err != nil {
+		return Decision{}, fmt.Errorf("target %q: %w", t, err)
+	}
+	return p.Request(h, path), nil
+}
