@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"golang.org/x/net/idna"
 )
@@ -154,18 +155,28 @@ func canonicalName(h string) (string, error) {
 	if h == "" {
 		return "", fmt.Errorf("host %q: empty name", orig)
 	}
-	if isLowerLDH(h) {
-		// Fast path: already canonical ASCII (no IDNA work, no allocation).
-		if err := checkLabels(orig, h); err != nil {
+	if lower, ok := asciiLDHLower(h); ok && !strings.Contains(lower, "xn--") {
+		// Fast path: ASCII letters, digits and hyphens with no A-label to
+		// validate; IDNA mapping would only lower-case it. DNS clients
+		// randomise case (0x20), so mixed case is common here.
+		if err := checkLabels(orig, lower); err != nil {
 			return "", err
 		}
-		return h, nil
+		return lower, nil
+	}
+	if !utf8.ValidString(h) {
+		return "", fmt.Errorf("host %q: not a valid host name: not UTF-8", orig)
 	}
 	a, err := profile.ToASCII(h)
 	if err != nil {
 		return "", fmt.Errorf("host %q: not a valid host name: %v", orig, idnaReason(err))
 	}
 	a = strings.ToLower(a)
+	// The A-labels produced must themselves validate, or the canonical
+	// form would not be a fixed point.
+	if again, err := profile.ToASCII(a); err != nil || again != a {
+		return "", fmt.Errorf("host %q: not a valid host name: its A-label form does not validate", orig)
+	}
 	if !isLowerLDH(a) {
 		return "", fmt.Errorf("host %q: only letters, digits, hyphens and dots are allowed", orig)
 	}
@@ -178,6 +189,26 @@ func canonicalName(h string) (string, error) {
 func idnaReason(err error) string {
 	s := err.Error()
 	return strings.TrimPrefix(s, "idna: ")
+}
+
+// asciiLDHLower lower-cases s when it holds only ASCII letters, digits,
+// '-' and '.'; it allocates only when s has upper-case letters.
+func asciiLDHLower(s string) (string, bool) {
+	upper := false
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c >= 'a' && c <= 'z', c >= '0' && c <= '9', c == '-', c == '.':
+		case c >= 'A' && c <= 'Z':
+			upper = true
+		default:
+			return "", false
+		}
+	}
+	if upper {
+		return strings.ToLower(s), true
+	}
+	return s, true
 }
 
 // isLowerLDH reports whether s holds only a-z, 0-9, '-' and '.'.
