@@ -23,9 +23,11 @@ type Spec struct {
 	BlockedURLs  []Entry
 }
 
-// FieldError is a bad policy value. File is filled in by the loader.
+// FieldError is a bad policy value. File and Line are filled in by the
+// loader; Field is empty for an error about the file as a whole.
 type FieldError struct {
 	File  string
+	Line  int // 1-based line in File, 0 when unknown
 	Field string
 	Value string
 	Msg   string
@@ -36,13 +38,18 @@ func (e *FieldError) Error() string {
 	var b strings.Builder
 	if e.File != "" {
 		b.WriteString(e.File)
+		if e.Line > 0 {
+			fmt.Fprintf(&b, ":%d", e.Line)
+		}
 		b.WriteString(": ")
 	}
-	b.WriteString(e.Field)
-	if e.Value != "" {
-		fmt.Fprintf(&b, ": %q", e.Value)
+	if e.Field != "" {
+		b.WriteString(e.Field)
+		if e.Value != "" {
+			fmt.Fprintf(&b, ": %q", e.Value)
+		}
+		b.WriteString(": ")
 	}
-	b.WriteString(": ")
 	b.WriteString(e.Msg)
 	if e.Fix != "" {
 		b.WriteString(" (")

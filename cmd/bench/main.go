@@ -48,10 +48,10 @@ func run(args []string) int {
 	var ee *exitError
 	if errors.As(err, &ee) {
 		if ee.err != nil {
-			fmt.Fprintln(os.Stderr, "bench:", ee.err)
+			fmt.Fprintln(rootCmd.ErrOrStderr(), "bench:", ee.err)
 		}
 		return ee.code
 	}
-	fmt.Fprintln(os.Stderr, "bench:", err)
+	fmt.Fprintln(rootCmd.ErrOrStderr(), "bench:", err)
 	return 1
 }

@@ -48,10 +48,10 @@ func run(args []string) int {
 	var ee *exitError
 	if errors.As(err, &ee) {
 		if ee.err != nil {
-			fmt.Fprintln(os.Stderr, "flowgate:", ee.err)
+			fmt.Fprintln(rootCmd.ErrOrStderr(), "flowgate:", ee.err)
 		}
 		return ee.code
 	}
-	fmt.Fprintln(os.Stderr, "flowgate:", err)
+	fmt.Fprintln(rootCmd.ErrOrStderr(), "flowgate:", err)
 	return 1
 }
