@@ -204,7 +204,17 @@ func (ns *NS) Start(cmd *exec.Cmd) error {
 			errc <- fmt.Errorf("setting no_new_privs: %w", err)
 			return
 		}
-		errc <- cmd.Start()
+		err := cmd.Start()
+		errc <- err
+		if err != nil {
+			return
+		}
+		// Pdeathsig fires when the forking thread exits, and this thread
+		// exits when the goroutine returns: hold it until the child has
+		// exited, without reaping it (cmd.Wait does that).
+		var info unix.Siginfo
+		for unix.Waitid(unix.P_PID, cmd.Process.Pid, &info, unix.WEXITED|unix.WNOWAIT, nil) == unix.EINTR {
+		}
 	}()
 	return <-errc
 }
