@@ -8,6 +8,8 @@ import (
 	"os"
 
 	"github.com/spf13/cobra"
+
+	"flowgate/runtime"
 )
 
 // exitError carries a process exit code through cobra; its message, if any,
@@ -34,6 +36,7 @@ var rootCmd = &cobra.Command{
 }
 
 func main() {
+	runtime.MaybeInit() // a sandbox phase's init is this binary re-executed
 	os.Exit(run(os.Args[1:]))
 }
 

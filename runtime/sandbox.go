@@ -1,0 +1,215 @@
+package runtime
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/vishvananda/netns"
+)
+
+// Sandbox is one trial's sandbox from the local runtime. Its methods are
+// safe for concurrent use, but it runs one process (Run, WriteFile or
+// CopyIn) at a time. Close removes it.
+type Sandbox struct {
+	local Local // the creating Local's configuration
+	st    *state
+	lay   sandboxLayout
+	ns    netns.NsHandle
+
+	mu     sync.Mutex
+	active *activeRun // the running init, if any
+	closed bool
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// Name returns the sandbox's name (Spec.Name).
+func (s *Sandbox) Name() string { return s.st.Name }
+
+// NetNS returns the sandbox's network namespace, for gateway.Attach. The
+// sandbox owns the handle: the caller must not close it, and must be done
+// with it (detach the gateway) before Close.
+func (s *Sandbox) NetNS() netns.NsHandle { return s.ns }
+
+// NetNSPath returns the path of the sandbox's network namespace,
+// /run/netns/fg-<name>.
+func (s *Sandbox) NetNSPath() string { return "/run/netns/" + s.st.NetNS }
+
+// ResolvConf returns the host path of the sandbox's resolv.conf (what
+// gateway.Options.ResolvConf reads); it is bind-mounted at
+// /etc/resolv.conf in the sandbox.
+func (s *Sandbox) ResolvConf() string { return s.lay.file("resolv.conf") }
+
+// Resolvers returns the sandbox's upstream resolvers (port 53), the
+// nameservers of its resolv.conf.
+func (s *Sandbox) Resolvers() []netip.AddrPort {
+	out := make([]netip.AddrPort, 0, len(s.st.DNS))
+	for _, a := range s.st.DNS {
+		out = append(out, netip.AddrPortFrom(a, 53))
+	}
+	return out
+}
+
+// AgentUser returns the agent's user name inside the sandbox.
+func (s *Sandbox) AgentUser() string { return s.st.AgentUser }
+
+// AgentUID returns the uid agent processes run as: the uid the gateway's
+// owner match filters.
+func (s *Sandbox) AgentUID() uint32 { return s.st.AgentUID }
+
+// AgentGID returns the agent's primary (and only) gid.
+func (s *Sandbox) AgentGID() uint32 { return s.st.AgentGID }
+
+// Workdir returns the agent's working directory inside the sandbox.
+func (s *Sandbox) Workdir() string { return s.st.Workdir }
+
+// Cgroup returns the cgroup v2 path (relative to the cgroup2 mount) that
+// every agent-phase process runs in, for gateway.Options.Cgroup; "" when
+// the host has no cgroup v2. Root phases run in a sibling cgroup, so a
+// cgroup match never filters the verifier.
+func (s *Sandbox) Cgroup() string {
+	if s.st.Cgroup == "" {
+		return ""
+	}
+	return cgroupRoot + "/" + s.st.Name + "/agent"
+}
+
+// Addrs returns the sandbox's own addresses on eth0, with their prefixes;
+// v6 is invalid when the sandbox has no IPv6 (see IPv6).
+func (s *Sandbox) Addrs() (v4, v6 netip.Prefix) {
+	v4 = peerAddr(s.st.Net4)
+	if s.st.IPv6 {
+		v6 = peerAddr(s.st.Net6)
+	}
+	return v4, v6
+}
+
+// IPv6 reports whether the sandbox has IPv6 connectivity: the pool has an
+// IPv6 prefix and the uplink could forward IPv6 without changing how the
+// host handles router advertisements (see forwarding.go).
+func (s *Sandbox) IPv6() bool { return s.st.IPv6 }
+
+// HostLink returns the name of the host side of the sandbox's veth pair,
+// in the uplink namespace.
+func (s *Sandbox) HostLink() string { return s.st.HostLink }
+
+// Close ends every process of the sandbox, then removes its cgroups, its
+// rules in the host table (and the table when no other sandbox has rules
+// there), its veth pair, its network namespace and its state directory
+// (overlay upper dirs, home, workdir); LogsDir stays. It keeps going past
+// failures and returns them joined; a sandbox whose removal failed keeps
+// its state, so `bench gc` can finish the job once this process has
+// exited. Calling it again returns the first result.
+func (s *Sandbox) Close() error {
+	s.closeOnce.Do(func() {
+		s.mu.Lock()
+		s.closed = true
+		act := s.active
+		s.mu.Unlock()
+		if act != nil {
+			act.kill()
+			<-act.done
+		}
+		s.ns.Close()
+		s.closeErr = s.local.teardown(s.st, s.lay.dir, nil)
+		if s.closeErr != nil {
+			s.closeErr = fmt.Errorf("removing sandbox %s: %w", s.st.Name, s.closeErr)
+		}
+	})
+	return s.closeErr
+}
+
+// teardown removes what st records, in reverse order of creation; what is
+// already gone is skipped. note, if set, hears one line per removed
+// thing. The state directory goes last, and only when everything else
+// went, so that a failed removal can be retried from the record.
+func (l *Local) teardown(st *state, dir string, note func(string)) error {
+	if note == nil {
+		note = func(string) {}
+	}
+	var errs []error
+	if st.Cgroup != "" {
+		ok, err := removeCgroups(st.Cgroup)
+		errs = append(errs, err)
+		if ok && err == nil {
+			note("cgroup " + strings.TrimPrefix(st.Cgroup, cgroup2Mount()+"/"))
+		}
+	}
+	if st.Rules || st.HostLink != "" {
+		errs = append(errs, l.teardownUplink(st, note))
+	}
+	if st.NetNS != "" {
+		ok, err := deleteNetNS(st.NetNS)
+		errs = append(errs, err)
+		if ok {
+			note("netns " + st.NetNS)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return fmt.Errorf("removing state dir: %w", err)
+	}
+	note("state " + dir)
+	return nil
+}
+
+// teardownUplink removes the sandbox's host rules (under the host lock)
+// and its host link. An uplink namespace that no longer exists took both
+// with it.
+func (l *Local) teardownUplink(st *state, note func(string)) error {
+	uplink, err := openUplink(st.Uplink)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		return err
+	}
+	defer uplink.Close()
+	var errs []error
+	if st.Rules {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		lk, err := l.lockHost(ctx)
+		cancel()
+		if err != nil {
+			errs = append(errs, err)
+		} else {
+			n, dropped, err := removeHostRules(uplink, st.Name)
+			errs = append(errs, err)
+			if n > 0 {
+				note(fmt.Sprintf("nft rules of %s in inet %s (%d)", st.Name, HostTable, n))
+			}
+			if dropped {
+				note("nft table inet " + HostTable)
+				links, err := l.revertForwarding(uplink, st.Uplink)
+				errs = append(errs, err)
+				for _, ln := range links {
+					note("force_forwarding on " + ln)
+				}
+			}
+			lk.unlock()
+		}
+	}
+	if st.HostLink != "" {
+		ok, err := deleteLink(uplink, st.HostLink)
+		errs = append(errs, err)
+		if ok {
+			note("link " + st.HostLink)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// newLayout returns the layout of a sandbox's state directory.
+func (l *Local) layout(name string) sandboxLayout {
+	return sandboxLayout{dir: filepath.Join(l.sandboxesDir(), name)}
+}
