@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"time"
 
+	"flowgate/gate/netnsx"
+
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 )
@@ -99,7 +101,7 @@ func (l *Local) Create(ctx context.Context, spec Spec) (_ *Sandbox, err error) {
 	if err := save(); err != nil {
 		return nil, wrap(err)
 	}
-	if sb.ns, err = newNamedNS(st.NetNS); err != nil {
+	if sb.ns, err = netnsx.NewNamed(st.NetNS); err != nil {
 		sb.ns = netns.None()
 		return nil, wrap(fmt.Errorf("creating netns %s: %w", st.NetNS, err))
 	}

@@ -68,6 +68,9 @@ func GC(ctx context.Context, l *Local) (removed []string, err error) {
 		errs = append(errs, err)
 	}
 	gcProbeCgroups(note)
+	if err := gcSimUplinks(ctx, l.stateDir(), note); err != nil {
+		errs = append(errs, err)
+	}
 	return removed, errors.Join(errs...)
 }
 

@@ -6,7 +6,6 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	goruntime "runtime"
 	"strings"
 
 	"github.com/vishvananda/netlink"
@@ -31,36 +30,6 @@ func openUplink(path string) (netns.NsHandle, error) {
 		return netns.None(), fmt.Errorf("opening uplink netns %s: %w", p, err)
 	}
 	return h, nil
-}
-
-// newNamedNS creates /run/netns/<name> on a locked thread and returns the
-// thread to its namespace; if returning fails the thread stays locked and
-// the runtime discards it.
-func newNamedNS(name string) (netns.NsHandle, error) {
-	type res struct {
-		h   netns.NsHandle
-		err error
-	}
-	c := make(chan res, 1)
-	go func() {
-		goruntime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			goruntime.UnlockOSThread()
-			c <- res{h: netns.None(), err: fmt.Errorf("reading current netns: %w", err)}
-			return
-		}
-		defer orig.Close()
-		h, err := netns.NewNamed(name)
-		if serr := netns.Set(orig); serr != nil {
-			c <- res{h: h, err: errors.Join(err, fmt.Errorf("returning to original netns: %w", serr))}
-			return
-		}
-		goruntime.UnlockOSThread()
-		c <- res{h: h, err: err}
-	}()
-	r := <-c
-	return r.h, r.err
 }
 
 // netnsExists reports whether /run/netns/<name> exists.

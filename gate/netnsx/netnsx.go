@@ -82,3 +82,37 @@ func (d *Dialer) DialContext(ctx context.Context, network, addr string) (net.Con
 	})
 	return c, err
 }
+
+// NewNamed creates a named namespace (/run/netns/NAME, as `ip netns add`
+// does) and returns a handle on it, leaving every thread where it was:
+// netns.NewNamed moves its caller into the new namespace, so it runs on a
+// locked thread that moves back, or is discarded if it cannot.
+func NewNamed(name string) (netns.NsHandle, error) {
+	type res struct {
+		h   netns.NsHandle
+		err error
+	}
+	c := make(chan res, 1)
+	go func() {
+		runtime.LockOSThread()
+		orig, err := netns.Get()
+		if err != nil {
+			runtime.UnlockOSThread()
+			c <- res{h: netns.None(), err: fmt.Errorf("reading current netns: %w", err)}
+			return
+		}
+		defer orig.Close()
+		h, err := netns.NewNamed(name)
+		if err != nil {
+			err = fmt.Errorf("creating netns %s: %w", name, err)
+		}
+		if serr := netns.Set(orig); serr != nil {
+			c <- res{h: h, err: errors.Join(err, fmt.Errorf("returning to original netns: %w", serr))}
+			return // stay locked: the thread is discarded
+		}
+		runtime.UnlockOSThread()
+		c <- res{h: h, err: err}
+	}()
+	r := <-c
+	return r.h, r.err
+}

@@ -1,4 +1,4 @@
-package netnsx
+package netnsx_test
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 
 	"github.com/vishvananda/netns"
 
+	"flowgate/gate/netnsx"
 	"flowgate/gate/nstest"
 )
 
@@ -16,7 +17,7 @@ import (
 // that no goroutine is left in the wrong namespace afterwards.
 func TestSocketsStayInNamespace(t *testing.T) {
 	ns := nstest.New(t, "fgt-nx")
-	l, err := Listen(ns.Handle, "tcp4", "127.0.0.1:0")
+	l, err := netnsx.Listen(ns.Handle, "tcp4", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -30,7 +31,7 @@ func TestSocketsStayInNamespace(t *testing.T) {
 			c.Close()
 		}
 	}()
-	d := &Dialer{NS: ns.Handle}
+	d := &netnsx.Dialer{NS: ns.Handle}
 	c, err := d.DialContext(context.Background(), "tcp4", l.Addr().String())
 	if err != nil {
 		t.Fatalf("dial inside the namespace: %v", err)
@@ -47,7 +48,7 @@ func TestSocketsStayInNamespace(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_ = Do(ns.Handle, func() error { return nil })
+			_ = netnsx.Do(ns.Handle, func() error { return nil })
 			if cur, _ := os.Readlink("/proc/thread-self/ns/net"); cur != hostNS {
 				wrong <- cur
 			}
@@ -60,7 +61,7 @@ func TestSocketsStayInNamespace(t *testing.T) {
 	}
 	// From the host namespace the listener's port on loopback is not the
 	// same socket: the connection is refused (nothing listens there).
-	if c, err := (&Dialer{NS: mustGet(t)}).DialContext(context.Background(), "tcp4", l.Addr().String()); err == nil {
+	if c, err := (&netnsx.Dialer{NS: mustGet(t)}).DialContext(context.Background(), "tcp4", l.Addr().String()); err == nil {
 		c.Close()
 		t.Fatalf("reached the sandbox's loopback listener from the host namespace")
 	}
@@ -79,7 +80,7 @@ func mustGet(t *testing.T) netns.NsHandle {
 func BenchmarkDo(b *testing.B) {
 	ns := nstest.New(b, "fgt-nx")
 	for b.Loop() {
-		if err := Do(ns.Handle, func() error { return nil }); err != nil {
+		if err := netnsx.Do(ns.Handle, func() error { return nil }); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 
+	"flowgate/gate/netnsx"
+
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -54,7 +56,7 @@ func New(t testing.TB, prefix string) *NS {
 	var b [4]byte
 	rand.Read(b[:])
 	name := fmt.Sprintf("%s-%s", prefix, hex.EncodeToString(b[:]))
-	h, err := newNamed(name)
+	h, err := netnsx.NewNamed(name)
 	if err != nil {
 		t.Fatalf("creating netns %s: %v", name, err)
 	}
@@ -73,35 +75,6 @@ func New(t testing.TB, prefix string) *NS {
 		t.Fatalf("bringing lo up in %s: %v", name, err)
 	}
 	return ns
-}
-
-// newNamed creates a named netns on a locked thread and returns to the
-// original namespace; the thread is discarded if returning fails.
-func newNamed(name string) (netns.NsHandle, error) {
-	type res struct {
-		h   netns.NsHandle
-		err error
-	}
-	c := make(chan res, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			runtime.UnlockOSThread()
-			c <- res{err: err}
-			return
-		}
-		defer orig.Close()
-		h, err := netns.NewNamed(name)
-		if serr := netns.Set(orig); serr != nil {
-			c <- res{h: h, err: fmt.Errorf("returning to original netns: %w", serr)}
-			return // stay locked: the thread is discarded
-		}
-		runtime.UnlockOSThread()
-		c <- res{h: h, err: err}
-	}()
-	r := <-c
-	return r.h, r.err
 }
 
 func (ns *NS) close(t testing.TB) {

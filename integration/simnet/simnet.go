@@ -27,7 +27,6 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"runtime"
 	"sync"
 	"time"
 
@@ -125,7 +124,7 @@ func Start(opts Options) (_ *Internet, err error) {
 	if len(name) > 64 {
 		return nil, fmt.Errorf("simnet: namespace prefix %q too long", prefix)
 	}
-	in.ns, err = newNamed(name)
+	in.ns, err = netnsx.NewNamed(name)
 	if in.ns.IsOpen() {
 		in.name = name
 	}
@@ -167,35 +166,6 @@ func (in *Internet) writeCAFile() error {
 		return fmt.Errorf("writing CA file: %w", err)
 	}
 	return nil
-}
-
-// newNamed creates a named netns on a locked thread and moves the thread
-// back; if moving back fails the thread stays locked and is discarded.
-func newNamed(name string) (netns.NsHandle, error) {
-	type res struct {
-		h   netns.NsHandle
-		err error
-	}
-	c := make(chan res, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			runtime.UnlockOSThread()
-			c <- res{h: -1, err: err}
-			return
-		}
-		defer orig.Close()
-		h, err := netns.NewNamed(name)
-		if serr := netns.Set(orig); serr != nil {
-			c <- res{h: h, err: errors.Join(err, fmt.Errorf("returning to original netns: %w", serr))}
-			return
-		}
-		runtime.UnlockOSThread()
-		c <- res{h: h, err: err}
-	}()
-	r := <-c
-	return r.h, r.err
 }
 
 // setupLinks brings lo up and puts every site and service address on it

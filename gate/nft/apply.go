@@ -1,0 +1,233 @@
+package nft
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/binaryutil"
+	"github.com/google/nftables/expr"
+	"github.com/google/nftables/userdata"
+	"github.com/mdlayher/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+func table() *nftables.Table {
+	return &nftables.Table{Name: TableName, Family: nftables.TableFamilyINet}
+}
+
+// Apply replaces table inet flowgate in the namespace with r in one
+// netlink transaction: the table is added (so that it exists), deleted,
+// and added again with its sets, chains and rules. Either all of it takes
+// effect or none; no other table is touched. Applying the same ruleset
+// twice leaves the same table. Learned addresses do not survive: the
+// learned sets start empty.
+func Apply(ns netns.NsHandle, r *Ruleset) error {
+	if !r.Exists() {
+		return errors.New("applying ruleset: empty ruleset")
+	}
+	var cgroupID uint64
+	if r.cgroup != "" {
+		m, err := findCgroup2()
+		if err != nil {
+			return fmt.Errorf("applying ruleset: %w", err)
+		}
+		if cgroupID, err = m.cgroupID(r.cgroup); err != nil {
+			return fmt.Errorf("applying ruleset: %w", err)
+		}
+	}
+	c, err := dial(ns)
+	if err != nil {
+		return fmt.Errorf("applying ruleset: %w", err)
+	}
+	defer closeLater(c)
+	t := table()
+	c.AddTable(t)
+	c.DelTable(t)
+	c.AddTable(t)
+	ids := make(map[string]uint32, len(r.sets))
+	for i, s := range r.sets {
+		ks := &nftables.Set{Table: t, ID: uint32(i + 1), Name: s.name, KeyType: s.keyType, Interval: s.interval, HasTimeout: s.timeout}
+		ids[s.name] = ks.ID
+		var elems []nftables.SetElement
+		if s.interval {
+			elems = kernelElements(s.elems)
+		}
+		if err := c.AddSet(ks, elems); err != nil {
+			return fmt.Errorf("applying ruleset: set %s: %w", s.name, err)
+		}
+	}
+	chains := make(map[string]*nftables.Chain, len(r.chains))
+	for _, ch := range r.chains {
+		nc := &nftables.Chain{Name: ch.name, Table: t}
+		if h := ch.hook; h != nil {
+			hook, prio, policy := h.hooknum, h.prio, h.policy
+			nc.Type, nc.Hooknum, nc.Priority = h.typ, &hook, &prio
+			if h.hasPolicy {
+				nc.Policy = &policy
+			}
+		}
+		chains[ch.name] = c.AddChain(nc)
+	}
+	for _, ch := range r.chains {
+		for _, ru := range ch.rules {
+			c.AddRule(&nftables.Rule{Table: t, Chain: chains[ch.name], Exprs: kernelExprs(ru.exprs, ids, cgroupID),
+				UserData: userdata.AppendString(nil, userdata.TypeComment, ru.comment)})
+		}
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("applying ruleset: %w", err)
+	}
+	return nil
+}
+
+// kernelExprs copies a rule's expressions with what only Apply knows: the
+// batch ids of the sets that lookups name, and the cgroup id a socket
+// cgroupv2 match compares with.
+func kernelExprs(in []expr.Any, ids map[string]uint32, cgroupID uint64) []expr.Any {
+	out := make([]expr.Any, len(in))
+	copy(out, in)
+	for i, e := range out {
+		switch e := e.(type) {
+		case *expr.Lookup:
+			l := *e
+			l.SetID = ids[e.SetName]
+			out[i] = &l
+		case *expr.Socket:
+			if e.Key == expr.SocketKeyCgroupv2 && i+1 < len(out) {
+				if cmp, ok := out[i+1].(*expr.Cmp); ok {
+					c := *cmp
+					c.Data = binaryutil.NativeEndian.PutUint64(cgroupID)
+					out[i+1] = &c
+				}
+			}
+		}
+	}
+	return out
+}
+
+// Remove deletes table inet flowgate from the namespace, leaving its plain
+// network to every uid. A missing table is not an error.
+func Remove(ns netns.NsHandle) error {
+	c, err := dial(ns)
+	if err != nil {
+		return fmt.Errorf("removing table inet %s: %w", TableName, err)
+	}
+	defer closeLater(c)
+	t := table()
+	c.AddTable(t)
+	c.DelTable(t)
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("removing table inet %s: %w", TableName, err)
+	}
+	return nil
+}
+
+// dial opens a lasting nftables connection inside ns and records its
+// netlink port id, so that Watch can tell our own changes from others'.
+// The caller closes it with CloseLasting.
+func dial(ns netns.NsHandle) (*nftables.Conn, error) {
+	key, err := nsKey(ns)
+	if err != nil {
+		return nil, err
+	}
+	c, err := nftables.New(nftables.WithNetNSFd(int(ns)), nftables.AsLasting(),
+		nftables.WithSockOptions(func(nc *netlink.Conn) error { return own.record(key, nc) }))
+	if err != nil {
+		return nil, fmt.Errorf("opening nftables netlink socket: %w", err)
+	}
+	return c, nil
+}
+
+// closeLater closes an nftables socket in the background. Closing a
+// netfilter netlink socket waits until the kernel has freed what recent
+// transactions replaced (an RCU grace period, ~10 ms on a busy machine);
+// the transaction itself is already committed, so callers need not wait.
+func closeLater(c *nftables.Conn) {
+	go closeConn(c)
+}
+
+func closeConn(c *nftables.Conn) { c.CloseLasting() }
+
+// nsID identifies a network namespace: its device and inode.
+type nsID struct{ dev, ino uint64 }
+
+func nsKey(ns netns.NsHandle) (nsID, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(ns), &st); err != nil {
+		return nsID{}, fmt.Errorf("reading netns handle: %w", err)
+	}
+	return nsID{uint64(st.Dev), st.Ino}, nil
+}
+
+// portID returns the netlink port id the kernel bound the socket to.
+func portID(nc *netlink.Conn) (uint32, error) {
+	raw, err := nc.SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	var pid uint32
+	var serr error
+	if err := raw.Control(func(fd uintptr) {
+		var sa unix.Sockaddr
+		if sa, serr = unix.Getsockname(int(fd)); serr == nil {
+			if nl, ok := sa.(*unix.SockaddrNetlink); ok {
+				pid = nl.Pid
+			} else {
+				serr = errors.New("not a netlink socket")
+			}
+		}
+	}); err != nil {
+		return 0, err
+	}
+	return pid, serr
+}
+
+// ownPorts remembers the netlink port ids of this process's recent
+// nftables sockets, per namespace. The kernel stamps every change
+// notification with the port id of the socket that asked for the change.
+// A port id is never handed to another socket while ours is open, and the
+// kernel's automatic ids are not reused for a long time after, so the last
+// maxOwnPorts sockets are enough to recognise our own changes.
+type ownPorts struct {
+	mu    sync.Mutex
+	ring  [maxOwnPorts]portKey
+	next  int
+	count map[portKey]int
+}
+
+type portKey struct {
+	ns  nsID
+	pid uint32
+}
+
+const maxOwnPorts = 4096
+
+var own = &ownPorts{count: make(map[portKey]int)}
+
+func (o *ownPorts) record(ns nsID, nc *netlink.Conn) error {
+	pid, err := portID(nc)
+	if err != nil {
+		return fmt.Errorf("reading netlink port id: %w", err)
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if old := o.ring[o.next]; o.count[old] > 0 {
+		if o.count[old]--; o.count[old] == 0 {
+			delete(o.count, old)
+		}
+	}
+	k := portKey{ns, pid}
+	o.ring[o.next] = k
+	o.count[k]++
+	o.next = (o.next + 1) % maxOwnPorts
+	return nil
+}
+
+func (o *ownPorts) has(ns nsID, pid uint32) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.count[portKey{ns, pid}] > 0
+}

@@ -1,0 +1,235 @@
+package nft
+
+import (
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"flowgate/gate"
+	"flowgate/gate/nstest"
+)
+
+// Probe names: what the probe binary is asked to try.
+const (
+	tcpLocal4 = "tcp:127.0.0.1:7777"
+	tcpLocal6 = "tcp:[::1]:7777"
+	tcpPeer4  = "tcp:192.0.2.1:80"
+	tcpPeer6  = "tcp:[2001:db8::1]:80"
+	tcpMeta4  = "tcp:169.254.169.254:80"
+	tcpMeta6  = "tcp:[fd00:ec2::254]:80"
+	tcpBlock4 = "tcp:198.51.100.7:80"
+	tcpBlock6 = "tcp:[2001:db8:bad::7]:80"
+	udpPeer4  = "udp:192.0.2.1:9999"
+	udpPeer6  = "udp:[2001:db8::1]:9999"
+	udpMeta4  = "udp:169.254.169.254:9999"
+	pingPeer4 = "ping:192.0.2.1"
+	pingPeer6 = "ping:2001:db8::1"
+	pingMeta4 = "ping:169.254.169.254"
+	pingBlk4  = "ping:198.51.100.7"
+)
+
+// What each destination answers when nothing is in the way.
+var open = map[string]string{
+	tcpLocal4: "ok local",
+	tcpLocal6: "ok local",
+	tcpPeer4:  "ok peer_192.0.2.1:80",
+	tcpPeer6:  "ok peer_[2001:db8::1]:80",
+	tcpMeta4:  "ok peer_169.254.169.254:80",
+	tcpMeta6:  "ok peer_[fd00:ec2::254]:80",
+	tcpBlock4: "ok peer_198.51.100.7:80",
+	tcpBlock6: "ok peer_[2001:db8:bad::7]:80",
+	udpPeer4:  "ok peer",
+	udpPeer6:  "ok peer",
+	udpMeta4:  "ok peer",
+	pingPeer4: "ok echo-reply",
+	pingPeer6: "ok echo-reply",
+	pingMeta4: "ok echo-reply",
+	pingBlk4:  "ok echo-reply",
+}
+
+// with returns open with some results replaced.
+func with(changes map[string]string) map[string]string {
+	out := make(map[string]string, len(open))
+	for k, v := range open {
+		out[k] = v
+	}
+	for k, v := range changes {
+		out[k] = v
+	}
+	return out
+}
+
+const (
+	refused = "refused" // a TCP reset: connect fails with ECONNREFUSED
+	eperm   = "eperm"   // admin-prohibited in the output hook: send fails with EPERM
+	// An IPv6 ping socket does not report the output hook's verdict (the
+	// kernel drops the error of ip6_push_pending_frames for ICMPv6), so a
+	// refused echo shows as no reply. Root's echo to the same address is
+	// answered, so the rule is what stops it.
+	dropped6 = "timeout"
+)
+
+func transparent(dst string) string { return "ok transparent_" + dst }
+
+const (
+	eaiAgain = "err [Errno -3] Temporary failure in name resolution"
+	fromPeer = "ok 192.0.2.1,2001:db8::1"
+	fromGate = "ok 2001:db8::53,203.0.113.53"
+)
+
+func TestReach(t *testing.T) {
+	nstest.RequireRoot(t)
+	ports := gate.DefaultPorts
+	params := Params{Sandbox: "reach", UID: nstest.AgentUID, Ports: ports}
+	cases := []struct {
+		name       string
+		spec       gate.Spec
+		agent      map[string]string
+		agentDNS   string
+		standIns   bool
+		afterApply func(t *testing.T, tp *topo)
+	}{
+		{
+			name: "public",
+			spec: gate.Spec{Mode: gate.Public},
+			agent: with(map[string]string{
+				tcpMeta4: refused, tcpMeta6: refused, udpMeta4: eperm, pingMeta4: eperm,
+			}),
+			agentDNS: fromPeer,
+		},
+		{
+			name: "no-network",
+			spec: gate.Spec{Mode: gate.NoNetwork},
+			agent: with(map[string]string{
+				tcpPeer4: refused, tcpPeer6: refused, tcpMeta4: refused, tcpMeta6: refused, tcpBlock4: refused, tcpBlock6: refused,
+				udpPeer4: eperm, udpPeer6: eperm, udpMeta4: eperm,
+				pingPeer4: eperm, pingPeer6: dropped6, pingMeta4: eperm, pingBlk4: eperm,
+			}),
+			agentDNS: eaiAgain,
+		},
+		{
+			name: "denylist",
+			spec: gate.Spec{Mode: gate.Denylist, BlockedHosts: entries("mirror.example.net", "198.51.100.0/24", "2001:db8:bad::/48")},
+			agent: with(map[string]string{
+				tcpPeer4: transparent("192.0.2.1:80"), tcpPeer6: transparent("[2001:db8::1]:80"),
+				tcpMeta4: refused, tcpMeta6: refused, tcpBlock4: refused, tcpBlock6: refused,
+				udpPeer4: eperm, udpPeer6: eperm, udpMeta4: eperm,
+				pingMeta4: eperm, pingBlk4: eperm,
+			}),
+			agentDNS: fromGate,
+			standIns: true,
+		},
+		{
+			name: "allowlist",
+			spec: gate.Spec{Mode: gate.Allowlist, AllowedHosts: entries("pypi.org", "198.51.100.0/24", "2001:db8:bad::/48")},
+			agent: with(map[string]string{
+				tcpPeer4: refused, tcpPeer6: refused, tcpMeta4: refused, tcpMeta6: refused,
+				tcpBlock4: transparent("198.51.100.7:80"), tcpBlock6: transparent("[2001:db8:bad::7]:80"),
+				udpPeer4: eperm, udpPeer6: eperm, udpMeta4: eperm,
+				pingPeer4: eperm, pingPeer6: dropped6, pingMeta4: eperm, pingBlk4: eperm,
+			}),
+			agentDNS:   fromGate,
+			standIns:   true,
+			afterApply: learnAndExpire,
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			tp := newTopo(t)
+			if tc.standIns {
+				tp.standIns(ports)
+			}
+			// Before any rule, the agent reaches everything directly.
+			tp.expect(nstest.AgentUID, open)
+			if err := Apply(tp.s.Handle, compile(t, tc.spec, params)); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				if err := Remove(tp.s.Handle); err != nil {
+					t.Error(err)
+				}
+			})
+			tp.expect(nstest.AgentUID, tc.agent)
+			tp.expect(0, open)
+			if got, _ := tp.lookup(nstest.AgentUID, "www.example.com", false); got != tc.agentDNS {
+				t.Errorf("agent lookup over UDP: got %q, want %q", got, tc.agentDNS)
+			}
+			if got, _ := tp.lookup(nstest.AgentUID, "www.example.com", true); got != tc.agentDNS {
+				t.Errorf("agent lookup over TCP: got %q, want %q", got, tc.agentDNS)
+			}
+			if got, _ := tp.lookup(0, "www.example.com", false); got != fromPeer {
+				t.Errorf("root lookup: got %q, want %q", got, fromPeer)
+			}
+			if tc.afterApply != nil {
+				tc.afterApply(t, tp)
+			}
+		})
+	}
+}
+
+// learnAndExpire shows that TCP to a learned address is admitted (and
+// redirected) while other TCP is reset, and that the admission expires.
+func learnAndExpire(t *testing.T, tp *topo) {
+	l, err := NewLearner(tp.s.Handle)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if err := l.Add(addrs("192.0.2.1", "2001:db8::1"), 2*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	tp.expect(nstest.AgentUID, map[string]string{
+		tcpPeer4: transparent("192.0.2.1:80"), tcpPeer6: transparent("[2001:db8::1]:80"),
+		tcpMeta4: refused, udpPeer4: eperm, pingPeer4: eperm,
+	})
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		got := tp.probe(nstest.AgentUID, tcpPeer4, tcpPeer6)
+		if got[tcpPeer4] == refused && got[tcpPeer6] == refused {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("learned addresses still admitted 20s after a 2s timeout: %v", got)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+// TestNoNetworkDNSFast checks that under no-network a lookup fails at once
+// with EAI_AGAIN rather than after the resolver's timeout.
+func TestNoNetworkDNSFast(t *testing.T) {
+	nstest.RequireRoot(t)
+	tp := newTopo(t)
+	if err := Apply(tp.s.Handle, compile(t, gate.Spec{Mode: gate.NoNetwork}, Params{Sandbox: "fast", UID: nstest.AgentUID})); err != nil {
+		t.Fatal(err)
+	}
+	for _, tcp := range []bool{false, true} {
+		best := time.Hour
+		var tries []string
+		for range 3 {
+			got, took := tp.lookup(nstest.AgentUID, "www.example.com", tcp)
+			if got != eaiAgain {
+				t.Fatalf("lookup (tcp %v): got %q, want %q", tcp, got, eaiAgain)
+			}
+			best = min(best, took)
+			tries = append(tries, took.String())
+		}
+		t.Logf("no-network lookup refused (tcp %v) in %s", tcp, strings.Join(tries, ", "))
+		limit := 100 * time.Millisecond
+		if tcp {
+			limit = time.Second // below the resolver's 2s timeout: refused, not timed out
+		}
+		if best >= limit {
+			t.Errorf("no-network lookup (tcp %v) took at best %s, want under %s", tcp, best, limit)
+		}
+	}
+}
+
+func addrs(ss ...string) []netip.Addr {
+	out := make([]netip.Addr, len(ss))
+	for i, s := range ss {
+		out[i] = netip.MustParseAddr(s)
+	}
+	return out
+}

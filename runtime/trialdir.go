@@ -1,0 +1,257 @@
+package runtime
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"time"
+
+	"flowgate/gate"
+)
+
+// trialDir is a trial's folder on the host:
+//
+//	<jobs>/<job>/<task>__<8 hex>/
+//	  config.json result.json   written whole (temp file, rename)
+//	  agent/ verifier/          what the phases wrote to /logs/agent, /logs/verifier
+//	  trajectory/               the agent's trajectory (empty for agents without a model)
+//	  network/egress.jsonl      every gateway decision, one JSON line each
+//	  network/ruleset.nft       the ruleset applied for the agent phase
+//	  logs/                     mounted at /logs during the run; emptied into agent/ and verifier/ at the end
+type trialDir struct {
+	path string
+	id   string // the 8 hex digits
+}
+
+var unsafeName = regexp.MustCompile(`[^A-Za-z0-9._-]+`)
+
+// newTrialDir creates the trial folder with a fresh id. Only the folder
+// and its empty subfolders are made; remove undoes it.
+func newTrialDir(jobsDir, job, task string) (*trialDir, error) {
+	var b [4]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return nil, err
+	}
+	id := hex.EncodeToString(b[:])
+	name := unsafeName.ReplaceAllString(filepath.Base(task), "-")
+	if name == "" || name == "." || name == ".." {
+		name = "task"
+	}
+	d := &trialDir{path: filepath.Join(jobsDir, job, name+"__"+id), id: id}
+	if err := os.MkdirAll(filepath.Dir(d.path), 0o755); err != nil {
+		return nil, fmt.Errorf("creating job folder: %w", err)
+	}
+	if err := os.Mkdir(d.path, 0o755); err != nil {
+		return nil, fmt.Errorf("creating trial folder: %w", err)
+	}
+	for _, sub := range []string{"agent", "verifier", "trajectory", "network", "logs"} {
+		if err := os.Mkdir(filepath.Join(d.path, sub), 0o755); err != nil {
+			return nil, errors.Join(fmt.Errorf("creating trial folder: %w", err), d.remove())
+		}
+	}
+	return d, nil
+}
+
+func (d *trialDir) file(rel string) string { return filepath.Join(d.path, rel) }
+
+// remove deletes the trial folder, and its job folder when that is left
+// empty: used when a run is refused before it started.
+func (d *trialDir) remove() error {
+	err := os.RemoveAll(d.path)
+	_ = os.Remove(filepath.Dir(d.path)) // only succeeds when empty
+	return err
+}
+
+// writeJSON writes v to rel whole: a temp file in the same folder, synced,
+// then renamed over the target, so no crash leaves half a file.
+func (d *trialDir) writeJSON(rel string, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return fmt.Errorf("encoding %s: %w", rel, err)
+	}
+	return writeFileAtomic(d.file(rel), append(b, '\n'), 0o644)
+}
+
+func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
+	if err != nil {
+		return fmt.Errorf("writing %s: %w", path, err)
+	}
+	_, werr := tmp.Write(data)
+	if werr == nil {
+		werr = tmp.Sync()
+	}
+	if werr == nil {
+		werr = tmp.Chmod(mode)
+	}
+	cerr := tmp.Close()
+	if err := errors.Join(werr, cerr); err != nil {
+		os.Remove(tmp.Name())
+		return fmt.Errorf("writing %s: %w", path, err)
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		os.Remove(tmp.Name())
+		return fmt.Errorf("writing %s: %w", path, err)
+	}
+	return nil
+}
+
+// settleLogs moves what the sandbox wrote under logs/agent and
+// logs/verifier into agent/ and verifier/, keeping regular files and
+// folders only: a symlink or device the agent planted is dropped (and
+// listed), so nobody reading or exporting the trial folder follows it out
+// of the folder. Names that already exist get a "sandbox-" prefix.
+func (d *trialDir) settleLogs() (dropped []string, err error) {
+	var errs []error
+	for _, sub := range []string{"agent", "verifier"} {
+		src, dst := d.file(filepath.Join("logs", sub)), d.file(sub)
+		entries, rerr := os.ReadDir(src)
+		if rerr != nil {
+			if !errors.Is(rerr, fs.ErrNotExist) {
+				errs = append(errs, rerr)
+			}
+			continue
+		}
+		for _, e := range entries {
+			from := filepath.Join(src, e.Name())
+			dr, werr := dropIrregular(from)
+			dropped = append(dropped, dr...)
+			errs = append(errs, werr)
+			if _, err := os.Lstat(from); err != nil {
+				continue // dropped
+			}
+			to := filepath.Join(dst, e.Name())
+			if _, err := os.Lstat(to); err == nil {
+				to = filepath.Join(dst, "sandbox-"+e.Name())
+			}
+			errs = append(errs, os.Rename(from, to), chownTree(to))
+		}
+	}
+	errs = append(errs, os.RemoveAll(d.file("logs")))
+	for i := range dropped {
+		dropped[i] = strings.TrimPrefix(dropped[i], d.path+"/")
+	}
+	return dropped, errors.Join(errs...)
+}
+
+// dropIrregular removes everything under root that is not a regular file
+// or a folder, without following links.
+func dropIrregular(root string) (dropped []string, err error) {
+	err = filepath.WalkDir(root, func(p string, e fs.DirEntry, werr error) error {
+		if werr != nil {
+			return werr
+		}
+		if e.Type().IsRegular() || e.IsDir() {
+			return nil
+		}
+		dropped = append(dropped, p)
+		return os.Remove(p)
+	})
+	return dropped, err
+}
+
+// chownTree gives root what the agent wrote, so the trial folder does not
+// hold files owned by a sandbox uid.
+func chownTree(root string) error {
+	return filepath.WalkDir(root, func(p string, _ fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Lchown(p, 0, 0)
+	})
+}
+
+// trialConfig is config.json: what was run, under which policy.
+type trialConfig struct {
+	Task     taskInfo      `json:"task"`
+	Agent    agentInfo     `json:"agent"`
+	Model    *string       `json:"model"`
+	Sandbox  sandboxInfo   `json:"sandbox"`
+	Policy   policyInfo    `json:"policy"`
+	Version  string        `json:"version"`
+	Started  time.Time     `json:"started_at"`
+	Restrict *restrictInfo `json:"restricted_web_model,omitempty"`
+}
+
+type taskInfo struct {
+	Name string `json:"name"`
+	Dir  string `json:"dir"`
+}
+
+type agentInfo struct {
+	Name   string `json:"name"`
+	Script string `json:"script,omitempty"`
+	// Env lists the names of --agent-env variables; values are never kept.
+	Env []string `json:"env"`
+}
+
+type sandboxInfo struct {
+	Runtime string `json:"runtime"`
+	Name    string `json:"name"`
+	User    string `json:"user"`
+	UID     uint32 `json:"uid"`
+	Workdir string `json:"workdir"`
+	IPv4    string `json:"ipv4,omitempty"`
+	IPv6    string `json:"ipv6,omitempty"`
+}
+
+type policyInfo struct {
+	NetworkMode string     `json:"network_mode"`
+	Rules       []ruleInfo `json:"rules"`
+}
+
+type ruleInfo struct {
+	Kind  string `json:"kind"`
+	Field string `json:"field"`
+	Rule  string `json:"rule"`
+}
+
+type restrictInfo struct {
+	Model string `json:"model"`
+	How   string `json:"how"`
+}
+
+func describePolicy(p *gate.Policy) policyInfo {
+	info := policyInfo{NetworkMode: p.Mode.String(), Rules: []ruleInfo{}}
+	for _, r := range p.Rules {
+		info.Rules = append(info.Rules, ruleInfo{Kind: r.Kind.String(), Field: r.Field, Rule: r.Canonical})
+	}
+	return info
+}
+
+// envNames returns the names of NAME=VALUE pairs.
+func envNames(env []string) []string {
+	out := []string{}
+	for _, kv := range env {
+		name, _, _ := strings.Cut(kv, "=")
+		out = append(out, name)
+	}
+	return out
+}
+
+// trialResult is result.json: how the trial ended.
+type trialResult struct {
+	Reward      *float64           `json:"reward"`
+	Rewards     map[string]float64 `json:"rewards,omitempty"`
+	Error       *string            `json:"error"`
+	Compromised bool               `json:"compromised"`
+	Phases      []phaseInfo        `json:"phases"`
+	Dropped     []string           `json:"dropped_files,omitempty"`
+	Started     time.Time          `json:"started_at"`
+	Finished    time.Time          `json:"finished_at"`
+}
+
+type phaseInfo struct {
+	Name        string    `json:"name"`
+	Started     time.Time `json:"started_at"`
+	DurationSec float64   `json:"duration_sec"`
+	ExitCode    *int      `json:"exit_code,omitempty"`
+	TimedOut    bool      `json:"timed_out,omitempty"`
+}
