@@ -7,10 +7,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"flowgate/gate/netnsx"
 
@@ -191,4 +193,29 @@ func linkUp(ns netns.NsHandle, name string) error {
 		return err
 	}
 	return h.LinkSetUp(l)
+}
+
+// dial connects from the stand-in host, as the real host's processes do,
+// resolving names with the simulated resolver: the model proxy's upstream
+// dialler under bench doctor.
+func (s *SimUplink) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	d := &netnsx.Dialer{NS: s.hostNS, Dialer: net.Dialer{Timeout: 5 * time.Second}}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := netip.ParseAddr(host); err != nil {
+		r := &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
+			return d.DialContext(ctx, network, simnet.Resolver.String())
+		}}
+		ips, err := r.LookupNetIP(ctx, "ip", host)
+		if err != nil {
+			return nil, err
+		}
+		if len(ips) == 0 {
+			return nil, fmt.Errorf("%s: no address", host)
+		}
+		addr = net.JoinHostPort(ips[0].Unmap().String(), port)
+	}
+	return d.DialContext(ctx, network, addr)
 }
