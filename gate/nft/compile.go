@@ -205,18 +205,21 @@ func (c *compiler) agentRules() []*rule {
 	if len(proxies) > 0 {
 		lo += ": " + strings.Join(proxies, ", ")
 	}
-	rules := []*rule{
+	var rules []*rule
+	if c.mode.Proxied() {
+		// DNS is redirected to the DNS proxy whatever its destination, so it
+		// never reaches a metadata address; accepting it first keeps a
+		// resolver in a metadata range (AWS's 169.254.169.253) working.
+		rules = append(rules,
+			newRule(c.note("accept DNS (UDP), redirected to :%d", ports.DNS)).dport(protoUDP, 53).counter().accept().rule(),
+			newRule(c.note("accept DNS (TCP), redirected to :%d", ports.DNS)).dport(protoTCP, 53).counter().accept().rule())
+	}
+	rules = append(rules,
 		newRule(c.note("refuse cloud metadata (IPv4)")).daddrIn(SetMeta4, false).counter().jump(ChainRefuse).rule(),
 		newRule(c.note("refuse cloud metadata (IPv6)")).daddrIn(SetMeta6, true).counter().jump(ChainRefuse).rule(),
 		newRule(c.note(lo, "IPv4")).daddrPrefix(loopback4).counter().accept().rule(),
 		newRule(c.note(lo, "IPv6")).daddrPrefix(loopback6).counter().accept().rule(),
-	}
-	dnsAccept := func() []*rule {
-		return []*rule{
-			newRule(c.note("accept DNS (UDP), redirected to :%d", ports.DNS)).dport(protoUDP, 53).counter().accept().rule(),
-			newRule(c.note("accept DNS (TCP), redirected to :%d", ports.DNS)).dport(protoTCP, 53).counter().accept().rule(),
-		}
-	}
+	)
 	switch c.mode {
 	case gate.Public:
 		rules = append(rules, newRule(c.note("public: accept the rest")).counter().accept().rule())
@@ -226,7 +229,6 @@ func (c *compiler) agentRules() []*rule {
 			newRule(c.note("no-network: refuse DNS at once (TCP)")).dport(protoTCP, 53).counter().jump(ChainRefuse).rule(),
 			newRule(c.note("no-network: refuse the rest")).counter().jump(ChainRefuse).rule())
 	case gate.Denylist:
-		rules = append(rules, dnsAccept()...)
 		rules = append(rules,
 			newRule(c.note("denylist: refuse blocked CIDRs (IPv4)")).daddrIn(SetBlock4, false).counter().jump(ChainRefuse).rule(),
 			newRule(c.note("denylist: refuse blocked CIDRs (IPv6)")).daddrIn(SetBlock6, true).counter().jump(ChainRefuse).rule(),
@@ -236,7 +238,6 @@ func (c *compiler) agentRules() []*rule {
 			newRule(c.note("denylist: refuse other UDP (QUIC included)")).l4proto(protoUDP).counter().jump(ChainRefuse).rule(),
 			newRule(c.note("denylist: refuse the rest")).counter().jump(ChainRefuse).rule())
 	case gate.Allowlist:
-		rules = append(rules, dnsAccept()...)
 		tcpTo := func(set string, v6 bool, what string) *rule {
 			fam := "IPv4"
 			if v6 {
