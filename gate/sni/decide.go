@@ -3,6 +3,7 @@ package sni
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"net/netip"
 	"slices"
 
@@ -108,7 +109,7 @@ func (s *Server) decideBound(ctx context.Context, name string, nd gate.Decision,
 	addrs, err := s.cfg.Resolve(ctx, name)
 	if err != nil {
 		s.log.Debug("resolving to bind a name", "name", name, "err", err)
-		return gate.Deny(gate.ReasonResolveFailed)
+		return resolveRefusal(err)
 	}
 	for _, a := range addrs {
 		if a.Unmap().WithZone("") == dst {
@@ -251,7 +252,7 @@ func (s *Server) candidates(ctx context.Context, host gate.Host, port uint16) ([
 	addrs, err := s.cfg.Resolve(ctx, host.Name)
 	if err != nil || len(addrs) == 0 {
 		s.log.Debug("resolving a proxy target", "name", host.Name, "err", err)
-		return nil, gate.Deny(gate.ReasonResolveFailed)
+		return nil, resolveRefusal(err)
 	}
 	var out []netip.AddrPort
 	refusal := gate.Deny(gate.ReasonResolveFailed)
@@ -273,4 +274,17 @@ func (s *Server) candidates(ctx context.Context, host gate.Host, port uint16) ([
 		return nil, refusal
 	}
 	return out, gate.Decision{Allow: true}
+}
+
+// resolveRefusal is the decision when resolving a name failed: a refusal
+// by the resolver itself (an answer holding a metadata address, an alias
+// to a refused name, which the DNS proxy's Resolve returns as a
+// *gate.DeniedError) keeps its reason and rule; anything else is
+// resolve_failed.
+func resolveRefusal(err error) gate.Decision {
+	var denied *gate.DeniedError
+	if errors.As(err, &denied) && !denied.Decision.Allow {
+		return denied.Decision
+	}
+	return gate.Deny(gate.ReasonResolveFailed)
 }

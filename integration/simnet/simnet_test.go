@@ -478,3 +478,62 @@ func TestAttachFirstPacket(t *testing.T) {
 		}
 	}
 }
+
+func TestBulk(t *testing.T) {
+	in := startInternet(t, Options{})
+	ns, _ := client(t, in)
+	cases := []struct {
+		path   string
+		status int
+		size   int64
+	}{
+		{"/bulk/0", 200, 0},
+		{"/bulk/1", 200, 1},
+		{"/bulk/65537", 200, 65537},
+		{"/bulk/3000000", 200, 3000000},
+		{"/bulk/", 400, -1},
+		{"/bulk/-1", 400, -1},
+		{"/bulk/+5", 400, -1},
+		{"/bulk/0x10", 400, -1},
+		{"/bulk/1073741825", 400, -1},
+	}
+	for _, c := range cases {
+		t.Run(c.path, func(t *testing.T) {
+			cl := httpClient(in, ns.Handle, "http/1.1")
+			tr := cl.Transport.(*http.Transport)
+			dial := tr.DialContext
+			tr.DialContext = func(ctx context.Context, network, _ string) (net.Conn, error) {
+				return dial(ctx, network, "198.51.100.40:443")
+			}
+			resp, err := cl.Get("https://pypi.org" + c.path)
+			if err != nil {
+				t.Fatalf("GET: %v", err)
+			}
+			defer resp.Body.Close()
+			body, err := io.ReadAll(resp.Body)
+			if err != nil {
+				t.Fatalf("reading body: %v", err)
+			}
+			if resp.StatusCode != c.status {
+				t.Fatalf("status = %d (%q), want %d", resp.StatusCode, body, c.status)
+			}
+			if c.size < 0 {
+				if !strings.Contains(string(body), "not a number of bytes") {
+					t.Errorf("body = %q, want the size error", body)
+				}
+				return
+			}
+			if int64(len(body)) != c.size || resp.ContentLength != c.size {
+				t.Errorf("got %d bytes, Content-Length %d, want %d", len(body), resp.ContentLength, c.size)
+			}
+			for i := range body {
+				if body[i] != bulkChunk[i%len(bulkChunk)] {
+					t.Fatalf("byte %d = %q, want %q", i, body[i], bulkChunk[i%len(bulkChunk)])
+				}
+			}
+		})
+	}
+	if got := in.Hits("pypi.org"); got != len(cases) {
+		t.Errorf("Hits(pypi.org) = %d, want %d", got, len(cases))
+	}
+}

@@ -1,6 +1,7 @@
 package simnet
 
 import (
+	"bytes"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -8,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -65,7 +67,8 @@ func (w *web) getCertificate(hello *tls.ClientHelloInfo) (*tls.Certificate, erro
 
 // ServeHTTP answers 200 with "simnet NAME PATH" for any path of a known
 // site. NAME comes from the Host header, or from the address dialled when
-// the Host is an address. The metadata addresses answer like IMDS.
+// the Host is an address. The metadata addresses answer like IMDS. Every
+// other site answers BulkPath+N with N bytes (see BulkPath).
 func (w *web) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 	local := netip.Addr{}
 	if a, ok := r.Context().Value(http.LocalAddrContextKey).(net.Addr); ok {
@@ -96,8 +99,54 @@ func (w *web) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 		serveIMDS(rw, r)
 		return
 	}
+	if n, ok, err := bulkSize(r.URL.Path); ok {
+		if err != nil {
+			http.Error(rw, "simnet: "+err.Error(), http.StatusBadRequest)
+			return
+		}
+		serveBulk(rw, n)
+		return
+	}
 	rw.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	fmt.Fprintf(rw, "simnet %s %s\n", host, r.URL.EscapedPath())
+}
+
+// BulkPath is the path prefix of bulk downloads: BulkPath+"N" answers N
+// bytes (decimal, at most MaxBulk) of application/octet-stream, for
+// throughput benchmarks.
+const BulkPath = "/bulk/"
+
+// MaxBulk bounds a bulk download.
+const MaxBulk = 1 << 30
+
+// bulkSize reads the size of a bulk path: ok says the path is one, err
+// that its size is not a decimal number from 0 to MaxBulk.
+func bulkSize(path string) (n int64, ok bool, err error) {
+	s, ok := strings.CutPrefix(path, BulkPath)
+	if !ok {
+		return 0, false, nil
+	}
+	n, err = strconv.ParseInt(s, 10, 64)
+	if err != nil || n < 0 || n > MaxBulk || strings.HasPrefix(s, "+") {
+		return 0, true, fmt.Errorf("bulk size %.40q is not a number of bytes from 0 to %d", s, MaxBulk)
+	}
+	return n, true, nil
+}
+
+// bulkChunk is what a bulk answer is written from.
+var bulkChunk = bytes.Repeat([]byte("simnet-bulk-0123456789abcdef\n"), 64<<10/29+1)[:64<<10]
+
+// serveBulk writes n bytes from memory.
+func serveBulk(rw http.ResponseWriter, n int64) {
+	rw.Header().Set("Content-Type", "application/octet-stream")
+	rw.Header().Set("Content-Length", strconv.FormatInt(n, 10))
+	for n > 0 {
+		k := min(n, int64(len(bulkChunk)))
+		if _, err := rw.Write(bulkChunk[:k]); err != nil {
+			return
+		}
+		n -= k
+	}
 }
 
 // serveIMDS answers a few AWS instance metadata paths. Its answers are

@@ -1,0 +1,68 @@
+#!/bin/bash
+# Runs flowgate's end-to-end benchmarks (bench_test.go): spliced TLS
+# throughput, connect+handshake latency and DNS latency, each through
+# flowgate and directly, in the same run. Prints every run, then the median
+# of each metric over the runs and the issue's targets. Needs root (the
+# benchmarks make network namespaces and nftables rules, all removed at
+# the end).
+#
+#   integration/bench.sh                 # 5 runs of 3 iterations each
+#   COUNT=10 BENCHTIME=5x integration/bench.sh
+#   BENCH=DNS integration/bench.sh       # only BenchmarkDNS
+#
+# benchstat (golang.org/x/perf/cmd/benchstat), when installed, also
+# summarises the runs.
+set -euo pipefail
+
+if [ "$(id -u)" != 0 ]; then
+	echo "bench.sh: needs root (network namespaces, nftables)" >&2
+	exit 2
+fi
+cd "$(dirname "$0")"
+count=${COUNT:-5}
+benchtime=${BENCHTIME:-3x}
+out=$(mktemp)
+trap 'rm -f "$out"' EXIT
+
+echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg) ($(nproc) CPUs)"
+go test -run '^$' -bench "${BENCH:-.}" -count "$count" -benchtime "$benchtime" . | tee "$out"
+echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo
+
+# Each result line is: name, iterations, then value/unit pairs.
+awk '
+/^Benchmark/ {
+	name = $1; sub(/-[0-9]+$/, "", name)
+	if (!(name in seen)) { seen[name] = 1; names[++nn] = name }
+	for (i = 3; i + 1 <= NF; i += 2) {
+		key = name SUBSEP $(i + 1)
+		if (!(key in nv)) units[name, ++nu[name]] = $(i + 1)
+		vals[key, ++nv[key]] = $i
+	}
+}
+function median(key,    n, i, j, t, a) {
+	n = nv[key]
+	for (i = 1; i <= n; i++) a[i] = vals[key, i] + 0
+	for (i = 2; i <= n; i++) { t = a[i]; for (j = i - 1; j >= 1 && a[j] > t; j--) a[j + 1] = a[j]; a[j + 1] = t }
+	return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
+}
+END {
+	print "medians over the runs:"
+	for (k = 1; k <= nn; k++) {
+		name = names[k]
+		line = sprintf("  %-28s", name)
+		for (u = 1; u <= nu[name]; u++) {
+			unit = units[name, u]
+			if (unit == "ns/op") continue
+			line = line sprintf("  %s %.4g", unit, median(name SUBSEP unit))
+		}
+		print line
+	}
+	print ""
+	print "targets (issue 4): TLSThroughput ratio >= 0.90; ConnectHandshake added-p50-us < 200; DNS added-p50-us < 100"
+}' "$out"
+
+if command -v benchstat >/dev/null 2>&1; then
+	echo
+	benchstat "$out"
+fi

@@ -1,0 +1,83 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"slices"
+)
+
+// benchTry returns one try of a timing mode. For handshake it first
+// resolves the server name once, untimed, as an agent would before
+// connecting: the address is then known to flowgate, and the timed tries
+// measure connect, handshake and one request only.
+func benchTry(mode, target, sni, path, server string, tcp bool) func() result {
+	switch mode {
+	case "bulk":
+		cl := httpClient(false, true)
+		return func() result { return bulkGet(cl, target) }
+	case "handshake":
+		if _, err := netip.ParseAddr(sni); sni != "" && err != nil {
+			if _, err := net.DefaultResolver.LookupNetIP(context.Background(), "ip", sni); err != nil {
+				fmt.Fprintf(os.Stderr, "resolving %s: %v\n", sni, err)
+				os.Exit(1)
+			}
+		}
+		return func() result { return tlsGet(target, sni, "", path, "") }
+	default:
+		return func() result { return query(server, tcp, target, "A") }
+	}
+}
+
+// bulkGet downloads u on a fresh connection and discards the body,
+// counting its bytes.
+func bulkGet(cl *http.Client, u string) result {
+	r := result{Target: u}
+	resp, err := cl.Get(u)
+	if err != nil {
+		return fail(r, err)
+	}
+	defer resp.Body.Close()
+	r.Status = resp.StatusCode
+	r.Bytes, err = io.Copy(io.Discard, resp.Body)
+	if err != nil {
+		return fail(r, err)
+	}
+	r.OK = resp.StatusCode == http.StatusOK && (resp.ContentLength < 0 || r.Bytes == resp.ContentLength)
+	if !r.OK {
+		r.Kind, r.Err = "error", fmt.Sprintf("status %d, %d of %d bytes", resp.StatusCode, r.Bytes, resp.ContentLength)
+	}
+	return r
+}
+
+// summarise is the last line of a timing mode: how many tries succeeded,
+// their latency percentiles, and the throughput over all of them.
+func summarise(rs []result) result {
+	s := result{Mode: "summary", OK: true}
+	var us []int64
+	var bytes, total int64
+	for _, r := range rs {
+		if !r.OK {
+			s.OK = false
+			continue
+		}
+		us = append(us, r.Us)
+		bytes += r.Bytes
+		total += r.Us
+	}
+	s.N = len(us)
+	if len(us) == 0 {
+		return s
+	}
+	slices.Sort(us)
+	pct := func(p int) int64 { return us[min(len(us)-1, len(us)*p/100)] }
+	s.P50, s.P90, s.P99 = pct(50), pct(90), pct(99)
+	if bytes > 0 && total > 0 {
+		s.MBps = float64(bytes) / float64(total) // bytes per µs is MB/s
+	}
+	return s
+}

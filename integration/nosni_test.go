@@ -1,0 +1,114 @@
+package integration
+
+import (
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+
+	"flowgate/gate"
+)
+
+// TestNoSNIAllowlist connects by address with no SNI: an address the
+// agent never looked up is refused by the kernel (a reset, no record);
+// once the agent has resolved pypi.org, its addresses are admitted as
+// learned, and only those.
+func TestNoSNIAllowlist(t *testing.T) {
+	inet := startInternet(t)
+	s := newSandbox(t, inet)
+	s.attach(loadPolicy(t, allowlistPolicy))
+	env := s.env(false)
+
+	mark := s.log.mark()
+	for _, a := range []string{example4 + ":443", pypi4 + ":443", "[" + pypi6 + "]:443"} {
+		if r := s.goOne(env, "tls", "-sni", "", a); r.Kind != "refused" {
+			t.Errorf("%s before any lookup: %+v, want refused by the kernel", a, r)
+		}
+	}
+	s.wantDenials(t, mark)
+	if n := len(s.log.since(mark)); n != 0 {
+		t.Errorf("%d records for connections the kernel refused, want none", n)
+	}
+
+	if r := s.goOne(env, "lookup", "pypi.org"); !r.OK {
+		t.Fatalf("lookup pypi.org: %+v", r)
+	}
+	mark = s.log.mark()
+	for _, a := range []string{pypi4, pypi6} {
+		target := "[" + a + "]:443"
+		if a == pypi4 {
+			target = a + ":443"
+		}
+		r := s.goOne(env, "tls", "-sni", "", target)
+		if !r.OK || r.Status != 200 || r.Body != "simnet pypi.org /\n" || r.Addr != a {
+			t.Errorf("%s after the lookup: %+v, want pypi.org's page", target, r)
+		}
+	}
+	s.wantAllowed(t, mark,
+		allow(gate.ProtoTLS, pypi4+":443", "", gate.ReasonLearned, ruleAllowPypi),
+		allow(gate.ProtoTLS, "["+pypi6+"]:443", "", gate.ReasonLearned, ruleAllowPypi))
+	// Learning pypi.org admits its addresses, not another allowed host's.
+	if r := s.goOne(env, "tls", "-sni", "", "198.51.100.41:443"); r.Kind != "refused" {
+		t.Errorf("files.pythonhosted.org's address, never looked up: %+v, want refused", r)
+	}
+	s.wantDenials(t, mark)
+}
+
+// TestNoSNIDenylist connects by address with no SNI in denylist: an
+// address of a blocked host is refused once flowgate knows it
+// (address_blocked), which it learns in the background from the agent's
+// refused lookup; other addresses pass.
+func TestNoSNIDenylist(t *testing.T) {
+	inet := startInternet(t)
+	s := newSandbox(t, inet)
+	s.attach(loadPolicy(t, denylistPolicy))
+	env := s.env(false)
+
+	mark := s.log.mark()
+	if r := s.goOne(env, "tls", "-sni", "", "192.0.2.20:443"); !r.OK || r.Body != "simnet example.org /\n" {
+		t.Errorf("example.org's address, not blocked: %+v, want its page", r)
+	}
+	s.wantAllowed(t, mark, allow(gate.ProtoTLS, "192.0.2.20:443", "", gate.ReasonNotBlocked, ruleDefault))
+
+	if r := s.goOne(env, "lookup", "example.com"); r.Kind != "nxdomain" {
+		t.Fatalf("lookup example.com: %+v, want NXDOMAIN", r)
+	}
+	// The refusal started a background lookup of example.com; wait until
+	// the simulated resolver has answered it.
+	deadline := time.Now().Add(10 * time.Second)
+	for inet.QueriesOf("example.com", dns.TypeA) == 0 || inet.QueriesOf("example.com", dns.TypeAAAA) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("flowgate never looked up the blocked name example.com")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	mark = s.log.mark()
+	var r result
+	for {
+		// The answer is on its way into flowgate's table; until it lands a
+		// try still passes.
+		r = s.goOne(env, "tls", "-sni", "", example4+":443")
+		if !r.OK || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if r.Kind != "tls_access_denied" {
+		t.Errorf("example.com's address after its lookup: %+v, want access_denied", r)
+	}
+	r = s.goOne(env, "tls", "-sni", "", "[2001:db8::10]:443")
+	if r.Kind != "tls_access_denied" {
+		t.Errorf("example.com's IPv6 address after its lookup: %+v, want access_denied", r)
+	}
+	s.wantDenials(t, mark,
+		deny(gate.ProtoTLS, example4+":443", "", gate.ReasonAddressBlocked, ruleBlockExample),
+		deny(gate.ProtoTLS, "[2001:db8::10]:443", "", gate.ReasonAddressBlocked, ruleBlockExample))
+	// Plain TCP and HTTP to that address are judged by it too.
+	mark = s.log.mark()
+	if r := s.goClient(env, "http", "-host", example4, example4+":80"); r[0].Status != 403 || r[0].Reason != string(gate.ReasonAddressBlocked) {
+		t.Errorf("HTTP by address: %+v, want 403 address_blocked", r)
+	}
+	d := deny(gate.ProtoHTTP, example4+":80", example4, gate.ReasonAddressBlocked, ruleBlockExample)
+	d.Path = "/hello"
+	s.wantDenials(t, mark, d)
+}
