@@ -72,10 +72,12 @@ type Handle struct {
 	closed   bool
 }
 
-// Attach enforces policy p for uid inside the namespace ns: it starts the
-// DNS proxy and the TCP data plane on loopback inside ns (for denylist and
-// allowlist), applies the ruleset atomically, and watches the table. The
-// caller keeps ownership of ns; Attach works on its own duplicate.
+// Attach enforces policy p for uid inside the namespace ns: it applies the
+// ruleset atomically, starts the DNS proxy and the TCP data plane on
+// loopback inside ns (for denylist and allowlist), and watches the table.
+// The caller keeps ownership of ns; Attach works on its own duplicate. A
+// failed Attach may leave the ruleset applied (fail closed); Detach
+// removes it.
 //
 // A policy the gateway cannot enforce as written is refused: HTTPS
 // blocked_urls need TLS interception, which this gateway does not have.
@@ -106,9 +108,10 @@ func Attach(ns netns.NsHandle, uid uint32, p *gate.Policy, opts Options) (h *Han
 		return nil, fmt.Errorf("attaching gateway: duplicating netns handle: %w", err)
 	}
 	h = &Handle{ns: netns.NsHandle(dup), policy: p, opts: opts}
+	made := h // a failing return sets h to nil before this defer runs
 	defer func() {
 		if err != nil {
-			err = errors.Join(err, h.Close())
+			err = errors.Join(err, made.Close())
 			h = nil
 		}
 	}()
@@ -116,13 +119,16 @@ func Attach(ns netns.NsHandle, uid uint32, p *gate.Policy, opts Options) (h *Han
 	if err != nil {
 		return nil, fmt.Errorf("attaching gateway in %s: compiling ruleset: %w", opts.Sandbox, err)
 	}
+	// The ruleset goes in first: an allowlist's learned sets must exist
+	// before the data plane opens them, and until the listeners are up
+	// the agent's redirected traffic is refused (fail closed).
+	if err := nft.Apply(h.ns, h.ruleset); err != nil {
+		return nil, fmt.Errorf("attaching gateway in %s: applying ruleset: %w", opts.Sandbox, err)
+	}
 	if p.Mode.Proxied() {
 		if err := h.startDataPlane(uid); err != nil {
 			return nil, fmt.Errorf("attaching gateway in %s: %w", opts.Sandbox, err)
 		}
-	}
-	if err := nft.Apply(h.ns, h.ruleset); err != nil {
-		return nil, fmt.Errorf("attaching gateway in %s: applying ruleset: %w", opts.Sandbox, err)
 	}
 	if err := h.watch(); err != nil {
 		return nil, fmt.Errorf("attaching gateway in %s: %w", opts.Sandbox, err)
