@@ -62,6 +62,7 @@ type Handle struct {
 	ruleset  *nft.Ruleset
 	names    *gate.Names
 	learner  *nft.Learner
+	pool     *netnsx.Pool // upstream sockets, made inside the namespace
 	dns      *dns.Server
 	sni      *sni.Server
 	closers  []io.Closer
@@ -171,7 +172,8 @@ func (h *Handle) startDataPlane(uid uint32) error {
 	} else {
 		h.names = gate.NewNames(nil)
 	}
-	dial := (&netnsx.Dialer{NS: h.ns, Dialer: net.Dialer{Timeout: 10 * time.Second}}).DialContext
+	h.pool = netnsx.NewPool(h.ns, 10*time.Second)
+	dial := h.pool.DialContext
 	record := h.recorder(uid)
 	h.dns, err = dns.New(dns.Config{
 		Policy: h.policy, Names: h.names, Upstreams: upstreams, Dial: dial,
@@ -298,6 +300,9 @@ func (h *Handle) Close() error {
 		}
 	}
 	h.wg.Wait()
+	if h.pool != nil {
+		errs = append(errs, h.pool.Close())
+	}
 	if h.learner != nil {
 		errs = append(errs, h.learner.Close())
 	}
