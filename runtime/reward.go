@@ -38,9 +38,9 @@ func readReward(dir string) (*float64, map[string]float64, error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("reading reward.json: %w", err)
 	}
-	var m map[string]float64
-	if err := json.Unmarshal(b, &m); err != nil {
-		return nil, nil, fmt.Errorf("reward.json: want an object of numbers, such as {\"reward\": 1}: %w", err)
+	m, err := parseRewardJSON(b)
+	if err != nil {
+		return nil, nil, err
 	}
 	if v, ok := m["reward"]; ok {
 		return &v, m, nil
@@ -51,6 +51,42 @@ func readReward(dir string) (*float64, map[string]float64, error) {
 		}
 	}
 	return nil, m, nil
+}
+
+// parseRewardJSON reads an object of numbers. A null or any other
+// non-number value is refused: decoding straight into float64 would read
+// {"reward": null} as a reward of 0.
+func parseRewardJSON(b []byte) (map[string]float64, error) {
+	var raw map[string]any
+	if err := json.Unmarshal(b, &raw); err != nil || raw == nil {
+		if err == nil {
+			err = errors.New("got null")
+		}
+		return nil, fmt.Errorf("reward.json: want an object of numbers, such as {\"reward\": 1}: %w", err)
+	}
+	m := make(map[string]float64, len(raw))
+	for k, v := range raw {
+		f, ok := v.(float64)
+		if !ok {
+			return nil, fmt.Errorf("reward.json: %q is %s, not a number", truncateText(k), jsonKind(v))
+		}
+		m[k] = f
+	}
+	return m, nil
+}
+
+func jsonKind(v any) string {
+	switch v.(type) {
+	case nil:
+		return "null"
+	case string:
+		return "a string"
+	case bool:
+		return "a boolean"
+	case []any:
+		return "an array"
+	}
+	return "an object"
 }
 
 func readNoFollow(path string) ([]byte, error) {

@@ -105,7 +105,10 @@ func (s *SimUplink) Internet() *simnet.Internet { return s.inet }
 func (s *SimUplink) CAPEM() []byte { return s.inet.CAPEM() }
 
 // Close removes the simulated internet, the stand-in host (and with it
-// every link and table in it) and the state directory.
+// every link and table in it) and the state directory. The state
+// directory stays when something could not be removed, or when it still
+// records sandboxes (their owner did not close them): `bench gc` removes
+// what it records once this process has exited.
 func (s *SimUplink) Close() error {
 	var errs []error
 	if s.link != nil {
@@ -120,8 +123,17 @@ func (s *SimUplink) Close() error {
 	if _, err := os.Stat("/run/netns/" + s.host); err == nil {
 		errs = append(errs, netns.DeleteNamed(s.host))
 	}
-	errs = append(errs, os.RemoveAll(s.dir))
-	return errors.Join(errs...)
+	if left, _ := os.ReadDir(filepath.Join(s.dir, "state", "sandboxes")); len(left) > 0 {
+		errs = append(errs, fmt.Errorf("simulated uplink %s still records %d sandbox(es); `bench gc` removes them once this process has exited", s.dir, len(left)))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	if err := os.RemoveAll(s.dir); err != nil {
+		return err
+	}
+	os.Remove(filepath.Dir(s.dir)) // StateDir/simnet, when no other uplink is left
+	return nil
 }
 
 // gcSimUplinks removes the simulated uplinks of killed runs: their
@@ -151,35 +163,58 @@ func gcSimUplinks(ctx context.Context, stateDir string, note func(string)) error
 		if rec.Owner.alive() {
 			continue
 		}
-		nested := &Local{StateDir: filepath.Join(dir, "state"), Uplink: "/run/netns/" + rec.HostNetNS}
-		if _, err := os.Stat(nested.Uplink); err != nil {
-			nested.Uplink = "" // the host netns is gone: only sandbox state is left
-		}
-		if nested.Uplink != "" {
-			removed, err := GC(ctx, nested)
-			for _, r := range removed {
-				note(r)
-			}
+		if err := gcSimUplink(ctx, dir, rec, note); err != nil {
 			errs = append(errs, err)
-		}
-		names, _ := filepath.Glob("/run/netns/" + rec.InetPrefix + "*")
-		if _, err := os.Stat("/run/netns/" + rec.HostNetNS); err == nil {
-			names = append(names, "/run/netns/"+rec.HostNetNS)
-		}
-		for _, n := range names {
-			if err := netns.DeleteNamed(filepath.Base(n)); err != nil {
-				errs = append(errs, fmt.Errorf("gc: removing netns %s: %w", filepath.Base(n), err))
-			} else {
-				note("netns " + filepath.Base(n))
-			}
-		}
-		if err := os.RemoveAll(dir); err != nil {
-			errs = append(errs, err)
-		} else {
-			note("state " + dir)
 		}
 	}
+	if len(errs) == 0 {
+		os.Remove(simDir(stateDir)) // only succeeds when empty
+	}
 	return errors.Join(errs...)
+}
+
+// gcSimUplink removes one killed run's simulated uplink: the sandboxes its
+// state records (always with the recorded stand-in host as their uplink,
+// never this host's namespace, even when the stand-in is gone already),
+// then its namespaces, then its directory, which stays when anything
+// could not be removed, so a later gc can retry.
+func gcSimUplink(ctx context.Context, dir string, rec simRecord, note func(string)) error {
+	var errs []error
+	nested := &Local{StateDir: filepath.Join(dir, "state"), Uplink: "/run/netns/" + rec.HostNetNS}
+	removed, err := GC(ctx, nested)
+	for _, r := range removed {
+		note(r)
+	}
+	if err != nil {
+		errs = append(errs, err)
+	}
+	if err := ctx.Err(); err != nil {
+		return errors.Join(append(errs, err)...)
+	}
+	if left, _ := os.ReadDir(nested.sandboxesDir()); len(left) > 0 && len(errs) == 0 {
+		// A live owner, or a reservation younger than a minute, keeps a
+		// sandbox from GC; leave its uplink be until a later gc.
+		return fmt.Errorf("gc: simulated uplink %s still holds %d sandbox(es) gc may not remove yet; run bench gc again later", dir, len(left))
+	}
+	names, _ := filepath.Glob("/run/netns/" + rec.InetPrefix + "-*")
+	if _, err := os.Stat("/run/netns/" + rec.HostNetNS); err == nil {
+		names = append(names, "/run/netns/"+rec.HostNetNS)
+	}
+	for _, n := range names {
+		if err := netns.DeleteNamed(filepath.Base(n)); err != nil {
+			errs = append(errs, fmt.Errorf("gc: removing netns %s: %w", filepath.Base(n), err))
+		} else {
+			note("netns " + filepath.Base(n))
+		}
+	}
+	if len(errs) > 0 {
+		return errors.Join(errs...)
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return fmt.Errorf("gc: removing %s: %w", dir, err)
+	}
+	note("state " + dir)
+	return nil
 }
 
 func linkUp(ns netns.NsHandle, name string) error {

@@ -49,7 +49,7 @@ type trial struct {
 // started and failed returns an outcome with Err set and a complete trial
 // folder.
 func RunTrial(ctx context.Context, l *Local, spec TrialSpec) (*TrialOutcome, error) {
-	if err := spec.validate(); err != nil {
+	if err := spec.Validate(); err != nil {
 		return nil, err
 	}
 	dir, err := newTrialDir(spec.JobsDir, spec.Job, spec.TaskName)
@@ -192,6 +192,7 @@ const (
 	oraclePath      = "/oracle"
 	testsPath       = "/tests"
 	caBundle        = "/etc/ssl/certs/ca-certificates.crt"
+	localCA         = "/usr/local/share/ca-certificates/flowgate-extra.crt"
 )
 
 // setup is phase 1: the task's setup commands, then the agent's install,
@@ -203,6 +204,12 @@ func (t *trial) setup(ctx context.Context) error {
 		return err
 	}
 	defer out.Close()
+	// The extra CA goes in first: setup commands have the internet, and
+	// under --simnet the internet's certificates chain to it.
+	if err := t.installCA(); err != nil {
+		t.endPhase(ph, nil)
+		return err
+	}
 	exit := 0
 	for i, c := range t.spec.Setup {
 		env := t.rootEnv(c.Env)
@@ -234,21 +241,32 @@ func (t *trial) setup(ctx context.Context) error {
 	return nil
 }
 
+// installCA adds ExtraCA to the sandbox's system trust store: appended to
+// the bundle every phase reads, and as a local certificate, so a setup
+// command that rebuilds the bundle (update-ca-certificates) keeps it.
+func (t *trial) installCA() error {
+	if len(t.spec.ExtraCA) == 0 {
+		return nil
+	}
+	bundle, err := os.ReadFile(caBundle)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("reading the host's CA bundle: %w", err)
+	}
+	bundle = append(append(bundle, '\n'), t.spec.ExtraCA...)
+	if err := t.sb.WriteFile(caBundle, bundle, 0o644, Root); err != nil {
+		return fmt.Errorf("installing the extra CA: %w", err)
+	}
+	if err := t.sb.WriteFile(localCA, t.spec.ExtraCA, 0o644, Root); err != nil {
+		return fmt.Errorf("installing the extra CA: %w", err)
+	}
+	return nil
+}
+
 // install puts the agent's files in place, root-owned: the script or the
 // oracle, and the instruction.
 func (t *trial) install() error {
 	if err := t.sb.WriteFile(instructionPath, []byte(t.spec.Prompt), 0o644, Root); err != nil {
 		return fmt.Errorf("installing the instruction: %w", err)
-	}
-	if len(t.spec.ExtraCA) > 0 {
-		bundle, err := os.ReadFile(caBundle)
-		if err != nil && !errors.Is(err, os.ErrNotExist) {
-			return fmt.Errorf("reading the host's CA bundle: %w", err)
-		}
-		bundle = append(append(bundle, '\n'), t.spec.ExtraCA...)
-		if err := t.sb.WriteFile(caBundle, bundle, 0o644, Root); err != nil {
-			return fmt.Errorf("installing the extra CA: %w", err)
-		}
 	}
 	switch t.spec.Agent.Kind {
 	case AgentScript:

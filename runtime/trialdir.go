@@ -20,14 +20,17 @@ import (
 //
 //	<jobs>/<job>/<task>__<8 hex>/
 //	  config.json result.json   written whole (temp file, rename)
-//	  agent/ verifier/          what the phases wrote to /logs/agent, /logs/verifier
+//	  setup.txt                 what the setup commands printed
+//	  agent/ verifier/          what the phases wrote to /logs/agent, /logs/verifier, and
+//	                            printed (agent/<kind>.txt, verifier/test-stdout.txt)
 //	  trajectory/               the agent's trajectory (empty for agents without a model)
 //	  network/egress.jsonl      every gateway decision, one JSON line each
 //	  network/ruleset.nft       the ruleset applied for the agent phase
 //	  logs/                     mounted at /logs during the run; emptied into agent/ and verifier/ at the end
 type trialDir struct {
 	path string
-	id   string // the 8 hex digits
+	id   string   // the 8 hex digits
+	made []string // the folders above it newTrialDir created, innermost first
 }
 
 var unsafeName = regexp.MustCompile(`[^A-Za-z0-9._-]+`)
@@ -45,6 +48,12 @@ func newTrialDir(jobsDir, job, task string) (*trialDir, error) {
 		name = "task"
 	}
 	d := &trialDir{path: filepath.Join(jobsDir, job, name+"__"+id), id: id}
+	for p := filepath.Dir(d.path); ; p = filepath.Dir(p) {
+		if _, err := os.Lstat(p); !errors.Is(err, fs.ErrNotExist) || p == filepath.Dir(p) {
+			break
+		}
+		d.made = append(d.made, p)
+	}
 	if err := os.MkdirAll(filepath.Dir(d.path), 0o755); err != nil {
 		return nil, fmt.Errorf("creating job folder: %w", err)
 	}
@@ -61,11 +70,14 @@ func newTrialDir(jobsDir, job, task string) (*trialDir, error) {
 
 func (d *trialDir) file(rel string) string { return filepath.Join(d.path, rel) }
 
-// remove deletes the trial folder, and its job folder when that is left
+// remove deletes the trial folder, and the folders above it that
+// newTrialDir created (the job folder, the jobs folder) when they are left
 // empty: used when a run is refused before it started.
 func (d *trialDir) remove() error {
 	err := os.RemoveAll(d.path)
-	_ = os.Remove(filepath.Dir(d.path)) // only succeeds when empty
+	for _, p := range d.made {
+		_ = os.Remove(p) // only succeeds when empty
+	}
 	return err
 }
 
@@ -107,7 +119,8 @@ func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
 // logs/verifier into agent/ and verifier/, keeping regular files and
 // folders only: a symlink or device the agent planted is dropped (and
 // listed), so nobody reading or exporting the trial folder follows it out
-// of the folder. Names that already exist get a "sandbox-" prefix.
+// of the folder. Names that already exist get a "sandbox-" prefix
+// (see freeName).
 func (d *trialDir) settleLogs() (dropped []string, err error) {
 	var errs []error
 	for _, sub := range []string{"agent", "verifier"} {
@@ -127,11 +140,12 @@ func (d *trialDir) settleLogs() (dropped []string, err error) {
 			if _, err := os.Lstat(from); err != nil {
 				continue // dropped
 			}
-			to := filepath.Join(dst, e.Name())
-			if _, err := os.Lstat(to); err == nil {
-				to = filepath.Join(dst, "sandbox-"+e.Name())
+			to := freeName(dst, e.Name())
+			if err := os.Rename(from, to); err != nil {
+				errs = append(errs, err)
+				continue
 			}
-			errs = append(errs, os.Rename(from, to), chownTree(to))
+			errs = append(errs, chownTree(to))
 		}
 	}
 	errs = append(errs, os.RemoveAll(d.file("logs")))
@@ -139,6 +153,26 @@ func (d *trialDir) settleLogs() (dropped []string, err error) {
 		dropped[i] = strings.TrimPrefix(dropped[i], d.path+"/")
 	}
 	return dropped, errors.Join(errs...)
+}
+
+// freeName returns dir/name, or when that exists dir/sandbox-name,
+// dir/sandbox-2-name, ...: what the sandbox wrote never replaces a file
+// bench wrote, nor one the sandbox wrote under another name.
+// Any other answer than "does not exist" (a name too long for a prefix)
+// ends the search; the rename then fails and says why.
+func freeName(dir, name string) string {
+	to := filepath.Join(dir, name)
+	for i := 1; i <= 1000; i++ {
+		if _, err := os.Lstat(to); err != nil {
+			return to
+		}
+		prefix := "sandbox-"
+		if i > 1 {
+			prefix = fmt.Sprintf("sandbox-%d-", i)
+		}
+		to = filepath.Join(dir, prefix+name)
+	}
+	return to
 }
 
 // dropIrregular removes everything under root that is not a regular file
@@ -157,14 +191,15 @@ func dropIrregular(root string) (dropped []string, err error) {
 	return dropped, err
 }
 
-// chownTree gives root what the agent wrote, so the trial folder does not
-// hold files owned by a sandbox uid.
+// chownTree gives bench's own user (root, in production) what the agent
+// wrote, so the trial folder does not hold files owned by a sandbox uid.
 func chownTree(root string) error {
+	uid, gid := os.Geteuid(), os.Getegid()
 	return filepath.WalkDir(root, func(p string, _ fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
-		return os.Lchown(p, 0, 0)
+		return os.Lchown(p, uid, gid)
 	})
 }
 

@@ -133,8 +133,10 @@ const (
 	DefaultVerifierTimeout = 10 * time.Minute
 )
 
-// validate checks the spec and fills defaults; it creates nothing.
-func (t *TrialSpec) validate() error {
+// Validate checks the spec and fills its defaults; it creates nothing.
+// RunTrial calls it again, so a caller may check a spec before making what
+// the trial needs (a simulated uplink) and refuse early.
+func (t *TrialSpec) Validate() error {
 	if t.Policy == nil {
 		return errors.New("trial: no policy")
 	}

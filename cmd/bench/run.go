@@ -36,6 +36,8 @@ type runFlags struct {
 	stateDir     string
 	uplink       string
 	simnet       bool
+	poolV4       string
+	poolV6       string
 }
 
 func init() {
@@ -79,6 +81,10 @@ purpose with --agent-env NAME=VALUE; a task that asks for a host variable
 	fl.BoolVar(&f.simnet, "simnet", false, "run against the built-in simulated internet instead of the host's network")
 	fl.StringVar(&f.uplink, "uplink-netns", "", "netns path standing in for the host's network (tests)")
 	fl.MarkHidden("uplink-netns")
+	fl.StringVar(&f.poolV4, "pool-v4", "", "IPv4 prefix sandboxes take their /30 from (tests; default the runtime's)")
+	fl.StringVar(&f.poolV6, "pool-v6", "", `IPv6 prefix for sandboxes, or "none" (tests; with --pool-v4)`)
+	fl.MarkHidden("pool-v4")
+	fl.MarkHidden("pool-v6")
 	rootCmd.AddCommand(cmd)
 }
 
@@ -97,11 +103,20 @@ func runTask(cmd *cobra.Command, taskDir string, f runFlags) error {
 	if err != nil {
 		return &exitError{code: 1, err: err}
 	}
+	if err := spec.Validate(); err != nil {
+		return &exitError{code: 1, err: err}
+	}
 	resolvers, err := parseAddrs(f.dns)
 	if err != nil {
 		return &exitError{code: 2, err: err}
 	}
-	local := &runtime.Local{StateDir: f.stateDir, Uplink: f.uplink, DNS: resolvers}
+	var pool runtime.Pool
+	if f.poolV4 != "" || f.poolV6 != "" {
+		if pool, err = runtime.ParsePool(f.poolV4, f.poolV6); err != nil {
+			return &exitError{code: 2, err: fmt.Errorf("run: --pool-v4/--pool-v6: %w", err)}
+		}
+	}
+	local := &runtime.Local{StateDir: f.stateDir, Uplink: f.uplink, DNS: resolvers, Pool: pool}
 	if f.simnet {
 		if f.uplink != "" || len(f.dns) > 0 {
 			return &exitError{code: 2, err: errors.New("run: --simnet brings its own uplink and resolver; drop --uplink-netns and --dns")}
@@ -116,6 +131,7 @@ func runTask(cmd *cobra.Command, taskDir string, f runFlags) error {
 			}
 		}()
 		local = sim.Local()
+		local.Pool = pool
 		spec.ExtraCA = sim.CAPEM()
 	}
 	if err := checkEnforceable(cmd.Context(), local, task.Policy); err != nil {

@@ -13,6 +13,7 @@ import (
 func runBench(t *testing.T, args ...string) (int, string, string) {
 	t.Helper()
 	var out, errb bytes.Buffer
+	resetFlags(rootCmd)
 	rootCmd.SetOut(&out)
 	rootCmd.SetErr(&errb)
 	t.Cleanup(func() { rootCmd.SetOut(nil); rootCmd.SetErr(nil) })
