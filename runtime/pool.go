@@ -151,5 +151,9 @@ func (p Pool) pick(used []netip.Prefix) (int, netip.Prefix, netip.Prefix, error)
 			return i, n4, n6, nil
 		}
 	}
-	return 0, netip.Prefix{}, netip.Prefix{}, fmt.Errorf("%w: all %d subnets of %v / %v are in use by other sandboxes or by addresses and routes of the uplink namespace; pass another pool or run `bench gc`", errPoolExhausted, n, p.V4, p.V6)
+	pools := p.V4.String()
+	if p.V6.IsValid() {
+		pools += " / " + p.V6.String()
+	}
+	return 0, netip.Prefix{}, netip.Prefix{}, fmt.Errorf("%w: all %d subnets of %s are in use by other sandboxes or by addresses and routes of the uplink namespace; pass another pool or run `bench gc`", errPoolExhausted, n, pools)
 }

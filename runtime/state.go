@@ -103,6 +103,10 @@ func parseStatStart(b []byte) (uint64, error) {
 	if len(f) < 20 {
 		return 0, errors.New("reading process start time: short stat line")
 	}
+	if f[0] == "Z" || f[0] == "X" {
+		// A zombie (killed, not yet reaped) owns nothing any more.
+		return 0, errors.New("process has exited")
+	}
 	return strconv.ParseUint(f[19], 10, 64)
 }
 

@@ -193,7 +193,8 @@ func TestParseStatStart(t *testing.T) {
 	if got, err := parseStatStart([]byte(line)); err != nil || got != 987654 {
 		t.Errorf("parseStatStart = %d, %v", got, err)
 	}
-	for _, bad := range []string{"", "1234 (x", "1 (x) S 1 2"} {
+	zombie := "1234 (bench) Z 1 1234 1234 0 -1 4194304 100 0 0 0 1 2 0 0 20 0 1 0 987654 0 0\n"
+	for _, bad := range []string{"", "1234 (x", "1 (x) S 1 2", zombie} {
 		if _, err := parseStatStart([]byte(bad)); err == nil {
 			t.Errorf("parseStatStart(%q) accepted", bad)
 		}
