@@ -1,6 +1,7 @@
 package policyload
 
 import (
+	"fmt"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -48,7 +49,7 @@ func TestLoadTaskErrors(t *testing.T) {
 		{"toml nested too deeply", map[string]string{"task.toml": "metadata = " + strings.Repeat("[", 40) + strings.Repeat("]", 40) + "\n", "instruction.md": "x"},
 			wantErr{file: "task.toml", msg: "nested deeper than 32 levels"}},
 		{"file too large", map[string]string{"task.md": md("metadata:\n  a: \"" + strings.Repeat("x", MaxFileSize) + "\"\n")},
-			wantErr{file: "task.md", msg: "larger than 1048576 bytes"}},
+			wantErr{file: "task.md", msg: fmt.Sprintf("larger than %d bytes", MaxFileSize)}},
 
 		// Keys.
 		{"unknown key", map[string]string{"task.md": md("sandbox: {}\nsandboxes: {}\n")},

@@ -17,8 +17,9 @@ import (
 	"flowgate/gate"
 )
 
-// MaxFileSize bounds every file the loader reads.
-const MaxFileSize = 1 << 20
+// MaxFileSize bounds every file the loader reads: room for a policy of a
+// few hundred thousand rules, not for a file that would exhaust memory.
+const MaxFileSize = 32 << 20
 
 // The files of a task folder.
 const (

@@ -71,7 +71,7 @@ func joinKey(path, key string) string {
 	return path + "." + key
 }
 
-func joinIndex(path string, i int) string { return fmt.Sprintf("%s[%d]", path, i) }
+func joinIndex(path string, i int) string { return path + "[" + strconv.Itoa(i) + "]" }
 
 // fieldErr builds the one error type the package returns.
 func fieldErr(file string, line int, field, value, msg, fix string) *gate.FieldError {
