@@ -1,0 +1,114 @@
+package gateway
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"flowgate/gate"
+	"flowgate/gate/nft"
+	"flowgate/gate/nstest"
+)
+
+func policy(t *testing.T, s gate.Spec) *gate.Policy {
+	t.Helper()
+	p, err := gate.Compile(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestAttachRefusesWhatItCannotEnforce(t *testing.T) {
+	https := policy(t, gate.Spec{Mode: gate.Denylist, BlockedURLs: []gate.Entry{{Value: "https://example.org/papers/x", Field: "sandbox.blocked_urls[0]"}}})
+	for name, c := range map[string]struct {
+		uid  uint32
+		p    *gate.Policy
+		want string
+	}{
+		"no policy":    {1000, nil, "no policy"},
+		"uid 0":        {0, policy(t, gate.Spec{}), "uid 0 cannot be filtered"},
+		"https URL":    {1000, https, "blocked_urls over https need TLS interception"},
+		"https naming": {1000, https, "sandbox.blocked_urls[0] https://example.org/papers/x"},
+	} {
+		// No namespace is touched before these checks: -1 is not a handle.
+		if _, err := Attach(-1, c.uid, c.p, Options{}); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: err = %v, want it to contain %q", name, err, c.want)
+		}
+	}
+}
+
+func TestJSONLog(t *testing.T) {
+	var b bytes.Buffer
+	l := NewJSONLog(&b)
+	d := gate.Deny(gate.ReasonHostBlocked)
+	l.Record(gate.NewRecord(gate.ProtoDNS, "", "example.com", d))
+	l.Record(gate.NewRecord(gate.ProtoTLS, "192.0.2.10:443", "example.com", d))
+	lines := strings.Split(strings.TrimSuffix(b.String(), "\n"), "\n")
+	if len(lines) != 2 {
+		t.Fatalf("%d lines, want 2:\n%s", len(lines), b.String())
+	}
+	var r gate.Record
+	if err := json.Unmarshal([]byte(lines[1]), &r); err != nil || r.Reason != gate.ReasonHostBlocked || r.Verdict != "deny" || r.Dest != "192.0.2.10:443" {
+		t.Fatalf("line %q decoded to %+v, %v", lines[1], r, err)
+	}
+	fail := NewJSONLog(failWriter{})
+	fail.Record(r)
+	if fail.Err() == nil {
+		t.Fatal("a failed write was not reported")
+	}
+}
+
+type failWriter struct{}
+
+func (failWriter) Write([]byte) (int, error) { return 0, errors.New("disk full") }
+
+// TestAttachCloseDetach attaches a public policy in a throw-away netns:
+// the live table matches, Close leaves the rules (fail closed), someone
+// else's change is seen, and Detach removes the table.
+func TestAttachCloseDetach(t *testing.T) {
+	ns := nstest.New(t, "fgt-gw")
+	tampered := make(chan nft.Event, 1)
+	h, err := Attach(ns.Handle, nstest.AgentUID, policy(t, gate.Spec{Mode: gate.Public}), Options{Sandbox: "gwtest",
+		OnTamper: func(ev nft.Event) {
+			select {
+			case tampered <- ev:
+			default:
+			}
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { Detach(ns.Handle) })
+	if diffs, err := h.Audit(); err != nil || len(diffs) != 0 {
+		t.Fatalf("audit after attach: %v %v", diffs, err)
+	}
+	if out, err := exec.Command("ip", "netns", "exec", ns.Name, "nft", "flush", "chain", "inet", "flowgate", "agent").CombinedOutput(); err != nil {
+		t.Fatalf("nft flush: %v: %s", err, out)
+	}
+	select {
+	case <-tampered:
+	case <-time.After(5 * time.Second):
+		t.Fatal("a flush by someone else was not reported")
+	}
+	if !h.Tampered() {
+		t.Fatal("Tampered() is false after a flush")
+	}
+	if err := h.Close(); err != nil {
+		t.Fatal(err)
+	}
+	live, err := nft.Read(ns.Handle)
+	if err != nil || !live.Exists() {
+		t.Fatalf("rules gone after Close (they must stay until Detach): %v", err)
+	}
+	if err := Detach(ns.Handle); err != nil {
+		t.Fatal(err)
+	}
+	if live, err := nft.Read(ns.Handle); err != nil || live.Exists() {
+		t.Fatalf("table still there after Detach: %v", err)
+	}
+}
