@@ -165,6 +165,12 @@ func (t *TrialSpec) Validate() error {
 	if t.JobsDir == "" {
 		t.JobsDir = "jobs"
 	}
+	// The trial's /logs is bind-mounted from under it: it must be absolute.
+	abs, err := filepath.Abs(t.JobsDir)
+	if err != nil {
+		return fmt.Errorf("trial: jobs folder %s: %w", t.JobsDir, err)
+	}
+	t.JobsDir = abs
 	if t.Job == "" {
 		t.Job = time.Now().Format("2006-01-02__15-04-05")
 	}
