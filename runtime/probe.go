@@ -11,7 +11,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	goruntime "runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -61,7 +60,7 @@ func (l *Local) Probe(ctx context.Context) Capabilities {
 		miss("root: bench runs as uid %d; network namespaces, nftables and mounts need root (run it with sudo)", os.Geteuid())
 		return c
 	}
-	ns, err := newScratchNS()
+	ns, err := netnsx.New()
 	if err != nil {
 		miss("network namespaces: cannot create one: %v", err)
 		return c
@@ -156,36 +155,6 @@ func (l *Local) Probe(ctx context.Context) Capabilities {
 		c.CgroupMatch = true
 	}
 	return c
-}
-
-// newScratchNS creates an unnamed network namespace, held only by the
-// returned handle: it disappears when the handle is closed, whatever
-// happens to this process.
-func newScratchNS() (netns.NsHandle, error) {
-	type res struct {
-		h   netns.NsHandle
-		err error
-	}
-	c := make(chan res, 1)
-	go func() {
-		goruntime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			goruntime.UnlockOSThread()
-			c <- res{h: netns.None(), err: err}
-			return
-		}
-		defer orig.Close()
-		h, err := netns.New()
-		if serr := netns.Set(orig); serr != nil {
-			c <- res{h: h, err: errors.Join(err, serr)}
-			return
-		}
-		goruntime.UnlockOSThread()
-		c <- res{h: h, err: err}
-	}()
-	r := <-c
-	return r.h, r.err
 }
 
 func loUp(ns netns.NsHandle) error {

@@ -84,10 +84,29 @@ func (d *Dialer) DialContext(ctx context.Context, network, addr string) (net.Con
 }
 
 // NewNamed creates a named namespace (/run/netns/NAME, as `ip netns add`
-// does) and returns a handle on it, leaving every thread where it was:
-// netns.NewNamed moves its caller into the new namespace, so it runs on a
-// locked thread that moves back, or is discarded if it cannot.
+// does) and returns a handle on it.
 func NewNamed(name string) (netns.NsHandle, error) {
+	h, err := create(func() (netns.NsHandle, error) { return netns.NewNamed(name) })
+	if err != nil {
+		return h, fmt.Errorf("creating netns %s: %w", name, err)
+	}
+	return h, nil
+}
+
+// New creates an unnamed namespace, held only by the returned handle: it
+// disappears when the handle is closed, whatever happens to this process.
+func New() (netns.NsHandle, error) {
+	h, err := create(netns.New)
+	if err != nil {
+		return h, fmt.Errorf("creating netns: %w", err)
+	}
+	return h, nil
+}
+
+// create runs mk, which moves its caller into the new namespace, on a
+// locked thread that moves back, or is discarded if it cannot; no thread
+// is left in the wrong namespace.
+func create(mk func() (netns.NsHandle, error)) (netns.NsHandle, error) {
 	type res struct {
 		h   netns.NsHandle
 		err error
@@ -102,10 +121,7 @@ func NewNamed(name string) (netns.NsHandle, error) {
 			return
 		}
 		defer orig.Close()
-		h, err := netns.NewNamed(name)
-		if err != nil {
-			err = fmt.Errorf("creating netns %s: %w", name, err)
-		}
+		h, err := mk()
 		if serr := netns.Set(orig); serr != nil {
 			c <- res{h: h, err: errors.Join(err, fmt.Errorf("returning to original netns: %w", serr))}
 			return // stay locked: the thread is discarded

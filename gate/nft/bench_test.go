@@ -2,7 +2,6 @@ package nft
 
 import (
 	"net/netip"
-	"runtime"
 	"slices"
 	"testing"
 	"time"
@@ -10,41 +9,9 @@ import (
 	"github.com/vishvananda/netns"
 
 	"flowgate/gate"
+	"flowgate/gate/netnsx"
 	"flowgate/gate/nstest"
 )
-
-// newAnonNS makes an unnamed network namespace; it goes away when the
-// handle is closed.
-func newAnonNS(tb testing.TB) netns.NsHandle {
-	tb.Helper()
-	type res struct {
-		h   netns.NsHandle
-		err error
-	}
-	c := make(chan res, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			runtime.UnlockOSThread()
-			c <- res{err: err}
-			return
-		}
-		defer orig.Close()
-		h, err := netns.New()
-		if serr := netns.Set(orig); serr != nil {
-			c <- res{h: h, err: serr}
-			return // stay locked: the thread is discarded
-		}
-		runtime.UnlockOSThread()
-		c <- res{h: h, err: err}
-	}()
-	r := <-c
-	if r.err != nil {
-		tb.Fatalf("making a netns: %v", r.err)
-	}
-	return r.h
-}
 
 // reportQuantiles reports the median and 90th percentile of ds in ms.
 func reportQuantiles(b *testing.B, ds []time.Duration) {
@@ -117,4 +84,15 @@ func BenchmarkLearnedAdd1000(b *testing.B) {
 		ds = append(ds, time.Since(start))
 	}
 	reportQuantiles(b, ds)
+}
+
+// newAnonNS makes an unnamed network namespace; it goes away when the
+// handle is closed.
+func newAnonNS(tb testing.TB) netns.NsHandle {
+	tb.Helper()
+	h, err := netnsx.New()
+	if err != nil {
+		tb.Fatalf("making a netns: %v", err)
+	}
+	return h
 }
