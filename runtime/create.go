@@ -35,7 +35,7 @@ func createStep(step string) error {
 // rules, and the cgroups. Bad input is an error before anything is made.
 // A Create that fails halfway removes what it made and returns the first
 // error joined with any clean-up errors. The caller closes the Sandbox.
-func (l *Local) Create(ctx context.Context, spec Spec) (_ *Sandbox, err error) {
+func (l *Local) Create(ctx context.Context, spec Spec) (_ *LocalSandbox, err error) {
 	if os.Geteuid() != 0 {
 		return nil, errors.New("creating sandbox: bench needs root for network namespaces, nftables and mounts; run it with sudo")
 	}
@@ -77,7 +77,7 @@ func (l *Local) Create(ctx context.Context, spec Spec) (_ *Sandbox, err error) {
 		return nil, fmt.Errorf("creating sandbox %s: %w", spec.Name, err)
 	}
 
-	sb := &Sandbox{local: *l, st: st, lay: sandboxLayout{dir: dir}, ns: netns.None()}
+	sb := &LocalSandbox{local: *l, st: st, lay: sandboxLayout{dir: dir}, ns: netns.None()}
 	defer func() {
 		if err != nil {
 			sb.ns.Close()

@@ -213,7 +213,7 @@ func indexOf(l []string, s string) int {
 // startDoctorModelProxy serves the simulated model API (api.example.com on
 // the simulated internet) on loopback inside the sandbox, dialling from
 // the stand-in host as the real proxy dials from the host.
-func startDoctorModelProxy(sim *SimUplink, sb *Sandbox) (key string, stop func(), err error) {
+func startDoctorModelProxy(sim *SimUplink, sb *LocalSandbox) (key string, stop func(), err error) {
 	key, err = modelproxy.NewAgentKey()
 	if err != nil {
 		return "", nil, err

@@ -37,7 +37,7 @@ const maxCopy = 256 << 20
 // short root phase, so the path resolves inside the sandbox, never on the
 // host; a symlink as the file or as one of its parents is refused. It
 // cannot run during a Run.
-func (s *Sandbox) WriteFile(path string, data []byte, mode os.FileMode, owner Owner) error {
+func (s *LocalSandbox) WriteFile(path string, data []byte, mode os.FileMode, owner Owner) error {
 	if err := checkSandboxPath(path); err != nil {
 		return fmt.Errorf("writing %q in sandbox %s: %w", path, s.st.Name, err)
 	}
@@ -63,7 +63,7 @@ func (s *Sandbox) WriteFile(path string, data []byte, mode os.FileMode, owner Ow
 // Put what the agent must not change (a verifier's tests) where the agent
 // cannot write, such as a new top-level directory, and copy it in after
 // the agent phase.
-func (s *Sandbox) CopyIn(hostPath, sandboxPath string, owner Owner) error {
+func (s *LocalSandbox) CopyIn(hostPath, sandboxPath string, owner Owner) error {
 	if err := checkSandboxPath(sandboxPath); err != nil {
 		return fmt.Errorf("copying %s into sandbox %s: %w", hostPath, s.st.Name, err)
 	}
@@ -132,7 +132,7 @@ func readTree(hostPath, dst string) ([]fileEntry, error) {
 }
 
 // writeEntries runs the init to make entries, owned by owner.
-func (s *Sandbox) writeEntries(entries []fileEntry, owner Owner) error {
+func (s *LocalSandbox) writeEntries(entries []fileEntry, owner Owner) error {
 	sp := &initSpec{Op: opFiles, Files: entries, Env: []string{}}
 	switch owner {
 	case Root:

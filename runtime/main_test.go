@@ -120,7 +120,7 @@ func (e *env) logsDir(t testing.TB) string {
 
 // create makes a sandbox and closes it at the end of the test, checking
 // that Close left nothing behind.
-func (e *env) create(t testing.TB, spec Spec) *Sandbox {
+func (e *env) create(t testing.TB, spec Spec) *LocalSandbox {
 	t.Helper()
 	if spec.Name == "" {
 		spec.Name = randName("rt")
@@ -196,7 +196,7 @@ func (e *env) tableInH(t testing.TB) bool {
 }
 
 // run runs a command in the sandbox and returns its combined output.
-func run(t *testing.T, sb *Sandbox, as Owner, argv ...string) (string, Result) {
+func run(t *testing.T, sb *LocalSandbox, as Owner, argv ...string) (string, Result) {
 	t.Helper()
 	var out syncBuffer
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -209,7 +209,7 @@ func run(t *testing.T, sb *Sandbox, as Owner, argv ...string) (string, Result) {
 }
 
 // mustRun is run, failing the test unless the command exits 0.
-func mustRun(t *testing.T, sb *Sandbox, as Owner, argv ...string) string {
+func mustRun(t *testing.T, sb *LocalSandbox, as Owner, argv ...string) string {
 	t.Helper()
 	out, res := run(t, sb, as, argv...)
 	if res.ExitCode != 0 || res.Signaled || res.TimedOut {
@@ -218,7 +218,7 @@ func mustRun(t *testing.T, sb *Sandbox, as Owner, argv ...string) string {
 	return out
 }
 
-func stdEnv(sb *Sandbox, as Owner) []string {
+func stdEnv(sb *LocalSandbox, as Owner) []string {
 	home := "/root"
 	if as == Agent {
 		home = "/home/" + sb.AgentUser()

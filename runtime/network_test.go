@@ -20,7 +20,7 @@ import (
 // host table gone only when the last one closes.
 func TestTwoSandboxes(t *testing.T) {
 	e := newEnv(t)
-	var a, b *Sandbox
+	var a, b *LocalSandbox
 	var wg sync.WaitGroup
 	var errA, errB error
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -29,7 +29,7 @@ func TestTwoSandboxes(t *testing.T) {
 	wg.Go(func() { b, errB = e.local.Create(ctx, Spec{Name: randName("rtb"), LogsDir: e.logsDir(t)}) })
 	wg.Wait()
 	if errA != nil || errB != nil {
-		for _, s := range []*Sandbox{a, b} {
+		for _, s := range []*LocalSandbox{a, b} {
 			if s != nil {
 				s.Close()
 			}
@@ -99,13 +99,13 @@ func TestTwoSandboxes(t *testing.T) {
 	var outs [2]syncBuffer
 	var errs [2]error
 	var ress [2]Result
-	for i, s := range []*Sandbox{a, b} {
+	for i, s := range []*LocalSandbox{a, b} {
 		wg.Go(func() {
 			ress[i], errs[i] = s.Run(ctx, Process{Argv: []string{"sh", "-c", "for i in 1 2 3; do curl -sS --max-time 20 http://example.com/$i; done; hostname"}, Env: stdEnv(s, Agent), As: Agent, Stdout: &outs[i], Stderr: &outs[i]})
 		})
 	}
 	wg.Wait()
-	for i, s := range []*Sandbox{a, b} {
+	for i, s := range []*LocalSandbox{a, b} {
 		want := "simnet example.com /1\nsimnet example.com /2\nsimnet example.com /3\n" + s.Name() + "\n"
 		if errs[i] != nil || ress[i].ExitCode != 0 || outs[i].String() != want {
 			t.Errorf("%s: %+v %v:\n%s", s.Name(), ress[i], errs[i], outs[i].String())

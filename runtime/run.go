@@ -84,7 +84,7 @@ func (a *activeRun) kill() {
 // (Result then says how far it got); with an error, ExitCode is -1. Run
 // refuses to start while another Run, WriteFile or CopyIn of the sandbox
 // is in progress.
-func (s *Sandbox) Run(ctx context.Context, p Process) (Result, error) {
+func (s *LocalSandbox) Run(ctx context.Context, p Process) (Result, error) {
 	if len(p.Argv) == 0 || p.Argv[0] == "" {
 		return Result{ExitCode: -1}, fmt.Errorf("running in sandbox %s: no command", s.st.Name)
 	}
@@ -132,7 +132,7 @@ type initOutcome struct {
 
 // runInit starts the sandbox init with sp, waits for it, and returns its
 // report. Errors the init reports come back as errors.
-func (s *Sandbox) runInit(ctx context.Context, sp *initSpec, as Owner, stdin io.Reader, stdout, stderr io.Writer, timeout time.Duration) (initOutcome, error) {
+func (s *LocalSandbox) runInit(ctx context.Context, sp *initSpec, as Owner, stdin io.Reader, stdout, stderr io.Writer, timeout time.Duration) (initOutcome, error) {
 	act := &activeRun{done: make(chan struct{})}
 	s.mu.Lock()
 	switch {

@@ -31,14 +31,15 @@ type TrialOutcome struct {
 // trial is one run of RunTrial.
 type trial struct {
 	spec   TrialSpec
-	sb     *Sandbox
+	sb     Sandbox
 	dir    *trialDir
 	result trialResult
 	prog   *progress
 	log    *slog.Logger
 }
 
-// RunTrial runs a task in a new local sandbox: (1) setup and agent install
+// RunTrial runs a task in a new sandbox of rt (the local runtime by
+// default): (1) setup and agent install
 // as root with the internet, (2) the agent as its own uid under the policy,
 // with the gateway attached and its ruleset audited before the agent
 // starts, (3) the verifier as root, unfiltered. It writes the trial folder
@@ -48,7 +49,7 @@ type trial struct {
 // sandbox could not be created); then nothing is left behind. A trial that
 // started and failed returns an outcome with Err set and a complete trial
 // folder.
-func RunTrial(ctx context.Context, l *Local, spec TrialSpec) (*TrialOutcome, error) {
+func RunTrial(ctx context.Context, rt Runtime, spec TrialSpec) (*TrialOutcome, error) {
 	if err := spec.Validate(); err != nil {
 		return nil, err
 	}
@@ -56,7 +57,7 @@ func RunTrial(ctx context.Context, l *Local, spec TrialSpec) (*TrialOutcome, err
 	if err != nil {
 		return nil, err
 	}
-	sb, err := l.Create(ctx, Spec{
+	sb, err := rt.NewSandbox(ctx, Spec{
 		Name:      "t-" + dir.id,
 		Workdir:   spec.Workdir,
 		LogsDir:   dir.file("logs"),

@@ -97,7 +97,7 @@ func TestTrialSpecValidate(t *testing.T) {
 			t.Fatal(err)
 		}
 		if s.TaskName != filepath.Base(s.TaskDir) || s.Workdir != DefaultWorkdir || s.SandboxUser != DefaultAgentUser ||
-			s.AgentTimeout != DefaultAgentTimeout || s.VerifierTimeout != DefaultVerifierTimeout || s.JobsDir != "jobs" {
+			s.AgentTimeout != DefaultAgentTimeout || s.VerifierTimeout != DefaultVerifierTimeout || !filepath.IsAbs(s.JobsDir) || filepath.Base(s.JobsDir) != "jobs" {
 			t.Errorf("defaults not filled: %+v", s)
 		}
 		if _, err := time.Parse("2006-01-02__15-04-05", s.Job); err != nil {
