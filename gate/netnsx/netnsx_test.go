@@ -3,6 +3,7 @@ package netnsx_test
 import (
 	"context"
 	"errors"
+	"net"
 	"os"
 	"sync"
 	"syscall"
@@ -25,15 +26,7 @@ func TestSocketsStayInNamespace(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
-		}
-	}()
+	go acceptAndClose(l)
 	d := &netnsx.Dialer{NS: ns.Handle}
 	c, err := d.DialContext(context.Background(), "tcp4", l.Addr().String())
 	if err != nil {
@@ -98,15 +91,7 @@ func TestPool(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
-		}
-	}()
+	go acceptAndClose(l)
 	p := netnsx.NewPool(ns.Handle, 5*time.Second)
 	var wg sync.WaitGroup
 	errs := make(chan error, 50)
@@ -191,14 +176,17 @@ func benchListener(b *testing.B) (*nstest.NS, string) {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { l.Close() })
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
-		}
-	}()
+	go acceptAndClose(l)
 	return ns, l.Addr().String()
+}
+
+// acceptAndClose accepts connections on l and closes them, until l closes.
+func acceptAndClose(l net.Listener) {
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			return
+		}
+		c.Close()
+	}
 }
