@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"flowgate/gate"
 	"flowgate/gate/nstest"
@@ -86,24 +87,29 @@ func distinct(t testing.TB, recs []gate.Record, verdict string) []rec {
 
 // wantDenials checks that the denials recorded since mark are exactly
 // want (each at least once, nothing else). A Dest or Rule of "*" in want
-// stands for any.
+// stands for any. A record may be written just after the client has its
+// answer (DNS), so a missing one is waited for a little.
 func (s *sandbox) wantDenials(t testing.TB, mark int, want ...rec) {
 	t.Helper()
-	got := distinct(t, s.log.since(mark), gate.VerdictDeny)
-	for i, g := range got {
-		for _, w := range want {
-			if matches(w, g) {
-				got[i] = w
-				break
-			}
-		}
-	}
 	cmp := func(a, b rec) int { return strings.Compare(a.String(), b.String()) }
-	slices.SortFunc(got, cmp)
-	got = slices.Compact(got)
 	w := slices.Clone(want)
 	slices.SortFunc(w, cmp)
 	w = slices.Compact(w)
+	var got []rec
+	settle(func() bool {
+		got = distinct(t, s.log.since(mark), gate.VerdictDeny)
+		for i, g := range got {
+			for _, x := range want {
+				if matches(x, g) {
+					got[i] = x
+					break
+				}
+			}
+		}
+		slices.SortFunc(got, cmp)
+		got = slices.Compact(got)
+		return slices.Equal(got, w)
+	})
 	if !slices.Equal(got, w) {
 		t.Errorf("denials recorded:\n\t%s\nwant:\n\t%s", joinRecs(got), joinRecs(w))
 	}
@@ -113,11 +119,24 @@ func (s *sandbox) wantDenials(t testing.TB, mark int, want ...rec) {
 // Rule of "*" in want stands for any.
 func (s *sandbox) wantAllowed(t testing.TB, mark int, want ...rec) {
 	t.Helper()
-	got := distinct(t, s.log.since(mark), gate.VerdictAllow)
+	var got []rec
+	missing := func(w rec) bool { return !slices.ContainsFunc(got, func(g rec) bool { return matches(w, g) }) }
+	settle(func() bool {
+		got = distinct(t, s.log.since(mark), gate.VerdictAllow)
+		return !slices.ContainsFunc(want, missing)
+	})
 	for _, w := range want {
-		if !slices.ContainsFunc(got, func(g rec) bool { return matches(w, g) }) {
+		if missing(w) {
 			t.Errorf("missing allow record %s; allowed:\n\t%s", w, joinRecs(got))
 		}
+	}
+}
+
+// settle calls ok until it reports true, for at most two seconds.
+func settle(ok func() bool) {
+	deadline := time.Now().Add(2 * time.Second)
+	for !ok() && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 

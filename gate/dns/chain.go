@@ -54,16 +54,28 @@ var chain = []stage{
 	(*Server).answer,       // the upstream's answer with the client's ID and question
 }
 
-// handle runs one raw query through the chain and returns the bytes to
-// send back, or nil to send nothing. It writes exactly one record.
-func (s *Server) handle(ctx context.Context, raw []byte, tcp bool) []byte {
+// serve runs one raw query through the chain, hands the bytes to send
+// back to send (not called when nothing is sent), and then writes exactly
+// one record: the client has its answer before flowgate logs it.
+func (s *Server) serve(ctx context.Context, raw []byte, tcp bool, send func([]byte)) {
 	x := &exchange{raw: raw, tcp: tcp}
 	for _, st := range chain {
 		if st(s, ctx, x) {
 			break
 		}
 	}
-	return s.finish(x)
+	if out := s.finish(x); out != nil {
+		send(out)
+	}
+	s.recordExchange(x)
+}
+
+// handle is serve returning the bytes to send back, or nil to send
+// nothing.
+func (s *Server) handle(ctx context.Context, raw []byte, tcp bool) []byte {
+	var out []byte
+	s.serve(ctx, raw, tcp, func(b []byte) { out = b })
+	return out
 }
 
 // refuse ends the exchange with a reply code, a decision and an optional
@@ -245,7 +257,7 @@ func (s *Server) answer(_ context.Context, x *exchange) bool {
 }
 
 // finish builds the reply for a refusal, adds EDNS when the client used
-// it, fits the reply to the transport, packs it and writes the record.
+// it, fits the reply to the transport and packs it.
 func (s *Server) finish(x *exchange) []byte {
 	if x.decision.Reason == "" {
 		// Every stage that ends the chain decides; this is a bug guard.
@@ -253,7 +265,6 @@ func (s *Server) finish(x *exchange) []byte {
 		x.rcode = dns.RcodeServerFailure
 		x.detail = "no stage answered"
 	}
-	defer s.recordExchange(x)
 	if x.drop {
 		return nil
 	}

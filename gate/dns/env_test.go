@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
 
@@ -130,7 +131,9 @@ func (e *env) dial(t testing.TB, network, addr string) net.Conn {
 	return c
 }
 
-// query asks one question from inside S, as a stub resolver would.
+// query asks one question from inside S, as a stub resolver would. The
+// proxy writes a query's record just after its answer; an answered query
+// to the proxy returns once its record is there too.
 func (e *env) query(t testing.TB, network, addr, name string, qtype uint16, edns bool) (*dns.Msg, error) {
 	t.Helper()
 	c := e.dial(t, network, addr)
@@ -140,8 +143,12 @@ func (e *env) query(t testing.TB, network, addr, name string, qtype uint16, edns
 	if edns {
 		m.SetEdns0(4096, false)
 	}
+	before := len(e.rec.all())
 	cl := &dns.Client{Net: network, Timeout: 3 * time.Second}
 	r, _, err := cl.ExchangeWithConn(m, &dns.Conn{Conn: c})
+	if err == nil && slices.Contains([]string{e.udp4, e.udp6, e.tcp4, e.tcp6}, addr) {
+		eventually(t, "the record of the query for "+name, func() bool { return len(e.rec.all()) > before })
+	}
 	return r, err
 }
 

@@ -244,9 +244,7 @@ func (s *Server) ServeUDP(pc net.PacketConn) error {
 func (s *Server) serveUDPPacket(pc net.PacketConn, from net.Addr, pkt []byte) {
 	defer s.wg.Done()
 	defer func() { <-s.inflight }()
-	if out := s.handle(s.ctx, pkt, false); out != nil {
-		pc.WriteTo(out, from)
-	}
+	s.serve(s.ctx, pkt, false, func(out []byte) { pc.WriteTo(out, from) })
 }
 
 // ServeTCP answers queries on connections accepted from l until Close,
@@ -326,19 +324,17 @@ func (s *Server) serveTCPConn(c net.Conn) {
 		go func() {
 			defer answering.Done()
 			defer func() { <-pipeline }()
-			out := s.handle(s.ctx, msg, true)
-			if out == nil {
-				return
-			}
-			frame := make([]byte, 2+len(out))
-			binary.BigEndian.PutUint16(frame, uint16(len(out)))
-			copy(frame[2:], out)
-			wmu.Lock()
-			defer wmu.Unlock()
-			c.SetWriteDeadline(time.Now().Add(s.cfg.TCPIdleTimeout))
-			if _, err := c.Write(frame); err != nil {
-				c.Close()
-			}
+			s.serve(s.ctx, msg, true, func(out []byte) {
+				frame := make([]byte, 2+len(out))
+				binary.BigEndian.PutUint16(frame, uint16(len(out)))
+				copy(frame[2:], out)
+				wmu.Lock()
+				defer wmu.Unlock()
+				c.SetWriteDeadline(time.Now().Add(s.cfg.TCPIdleTimeout))
+				if _, err := c.Write(frame); err != nil {
+					c.Close()
+				}
+			})
 		}()
 	}
 }
