@@ -116,6 +116,8 @@ type result struct {
 	Us      int64    `json:"us"`
 	Connect int64    `json:"connect_us"`
 	Hshake  int64    `json:"handshake_us"`
+	HelloUs int64    `json:"hello_us"`
+	ReplyUs int64    `json:"reply_us"`
 	N       int      `json:"n"`
 	P50     int64    `json:"p50_us"`
 	P90     int64    `json:"p90_us"`

@@ -51,7 +51,7 @@ func (l *lockedLines) String() string {
 // startFlowgate runs `flowgate attach` on the sandbox in the host's
 // namespaces, as an operator would, and waits for its "attached" line. The
 // process is killed when the test ends if it still runs.
-func startFlowgate(t *testing.T, s *sandbox, policy, logPath string) *flowgateProc {
+func startFlowgate(t testing.TB, s *sandbox, policy, logPath string) *flowgateProc {
 	t.Helper()
 	cmd := exec.Command(flowgateBin.get(t), "attach", "--netns", s.ns.Path, "--uid", fmt.Sprint(nstest.AgentUID),
 		"--policy", policy, "--dns", simnet.Resolver.Addr().String(), "--log", logPath)
@@ -101,7 +101,7 @@ func (p *flowgateProc) readStderr(r io.Reader) {
 }
 
 // stop sends sig and waits for the process to end.
-func (p *flowgateProc) stop(t *testing.T, sig syscall.Signal) error {
+func (p *flowgateProc) stop(t testing.TB, sig syscall.Signal) error {
 	t.Helper()
 	if err := p.cmd.Process.Signal(sig); err != nil {
 		t.Fatalf("signalling flowgate: %v", err)

@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"slices"
+	"time"
 )
 
 // benchTry returns one try of a timing mode. For handshake it first
@@ -28,8 +29,38 @@ func benchTry(mode, target, sni, path, server string, tcp bool) func() result {
 			}
 		}
 		return func() result { return tlsGet(target, sni, "", path, "") }
+	case "roundtrip":
+		return roundTrips(target)
 	default:
 		return func() result { return query(server, tcp, target, "A") }
+	}
+}
+
+// roundTrips opens one TCP connection to an echo server and returns a try
+// that sends a short line on it and reads the echo: each try is a round
+// trip on an established stream, without connect or handshake.
+func roundTrips(target string) func() result {
+	c, err := net.DialTimeout("tcp", target, timeout)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "connecting to %s: %v\n", target, err)
+		os.Exit(1)
+	}
+	const line = "flowgate round trip\n"
+	buf := make([]byte, len(line))
+	return func() result {
+		r := result{Target: target}
+		c.SetDeadline(time.Now().Add(timeout))
+		if _, err := io.WriteString(c, line); err != nil {
+			return fail(r, err)
+		}
+		if _, err := io.ReadFull(c, buf); err != nil {
+			return fail(r, err)
+		}
+		r.OK = string(buf) == line
+		if !r.OK {
+			r.Kind, r.Err = "error", "echo mismatch"
+		}
+		return r
 	}
 }
 

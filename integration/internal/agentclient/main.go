@@ -27,6 +27,8 @@
 //		timed: connect, TLS handshake, GET P, answer, close
 //	agentclient dnsbench -n N [-tcp] [-server ADDR:PORT] NAME
 //		timed A queries
+//	agentclient roundtrip -n N ADDR:PORT
+//		timed round trips of a line on one connection to an echo server
 package main
 
 import (
@@ -80,6 +82,11 @@ type result struct {
 	// TCP connect and the TLS handshake were done.
 	ConnectUs   int64 `json:"connect_us,omitempty"`
 	HandshakeUs int64 `json:"handshake_us,omitempty"`
+	// HelloUs and ReplyUs are when the ClientHello was written and the
+	// server's first bytes arrived: the span between them is where a
+	// proxy's decision and both its crossings show.
+	HelloUs int64 `json:"hello_us,omitempty"`
+	ReplyUs int64 `json:"reply_us,omitempty"`
 
 	// Summary lines only.
 	N    int     `json:"n,omitempty"`
@@ -146,7 +153,7 @@ func main() {
 		for _, a := range args {
 			emit(timed(func() result { return echo(a, *udp) }))
 		}
-	case "bulk", "handshake", "dnsbench":
+	case "bulk", "handshake", "dnsbench", "roundtrip":
 		if len(args) != 1 {
 			fmt.Fprintf(os.Stderr, "%s takes one target\n", mode)
 			os.Exit(2)
@@ -315,11 +322,13 @@ func tlsGet(addr, sni, hostHeader, path, connect string) result {
 			return r
 		}
 	}
-	c := tls.Client(tunnel, conf)
+	sc := &stampConn{Conn: tunnel, start: start}
+	c := tls.Client(sc, conf)
 	if err := c.Handshake(); err != nil {
 		return fail(r, err)
 	}
 	r.HandshakeUs = time.Since(start).Microseconds()
+	r.HelloUs, r.ReplyUs = sc.wrote, sc.read
 	if hostHeader != "" {
 		host = hostHeader
 	}
@@ -471,4 +480,28 @@ func echo(addr string, udp bool) result {
 		r.Kind, r.Err = "error", "echo mismatch"
 	}
 	return r
+}
+
+// stampConn notes, in µs from start, when its first write returned and
+// when its first read returned data.
+type stampConn struct {
+	net.Conn
+	start       time.Time
+	wrote, read int64
+}
+
+func (c *stampConn) Write(b []byte) (int, error) {
+	n, err := c.Conn.Write(b)
+	if c.wrote == 0 {
+		c.wrote = time.Since(c.start).Microseconds()
+	}
+	return n, err
+}
+
+func (c *stampConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	if c.read == 0 && n > 0 {
+		c.read = time.Since(c.start).Microseconds()
+	}
+	return n, err
 }
