@@ -1,8 +1,12 @@
 package integration
 
 import (
+	"bufio"
+	"bytes"
+	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -31,9 +35,14 @@ import (
 //     would alone; the figures flatter it and are kept to show how much of
 //     the added latency is waking a sleeping process.
 //
-// Each reports both paths and their ratio; ns/op (the time of a whole
-// iteration of both paths) is not meaningful and is not reported.
-// bench.sh runs them several times and prints the medians.
+// A third path is the floor: the same client as relayUID, whose TCP and DNS
+// nftables sends to barerelay (internal/barerelay), a relay in a process of
+// its own that decides nothing. What it adds is what any userspace proxy
+// adds here; flowgate's own cost is the difference.
+//
+// Each reports the paths and their ratios; ns/op (the time of a whole
+// iteration of all paths) is not meaningful and is not reported. bench.sh
+// runs them several times and prints the medians.
 
 // attachModes are the two ways the benchmarks run flowgate.
 var attachModes = []string{"process", "inprocess"}
@@ -52,8 +61,67 @@ func benchSandbox(b *testing.B, mode string) *sandbox {
 		b.Fatalf("unknown attach mode %q", mode)
 	}
 	agentBin.get(b)
+	s.startRelay(b)
 	b.Logf("load average: %s", loadAverage())
 	return s
+}
+
+// relayUID is the benchmarks' floor path: its TCP and DNS go to barerelay.
+const relayUID = 1002
+
+// Where barerelay listens inside the sandbox.
+const (
+	relayTCPPort = 15101
+	relayUDPPort = 15102
+)
+
+var relayBin = &binary{name: "barerelay", pkg: "flowgate/integration/internal/barerelay", env: []string{"CGO_ENABLED=0"}}
+
+// relayRuleset sends relayUID's TCP and DNS to barerelay. It is a table
+// of its own; flowgate's rules match uid 1000 only.
+var relayRuleset = fmt.Sprintf(`table ip fgbench_relay {
+	chain out {
+		type nat hook output priority -100; policy accept;
+		meta skuid %d udp dport 53 redirect to :%d
+		meta skuid %d meta l4proto tcp redirect to :%d
+	}
+}
+`, relayUID, relayUDPPort, relayUID, relayTCPPort)
+
+// startRelay runs barerelay as root in the sandbox and applies its rules;
+// both go when the benchmark ends.
+func (s *sandbox) startRelay(b *testing.B) {
+	b.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	cmd := s.command(ctx, 0, nil, relayBin.get(b), "-tcp", fmt.Sprintf("127.0.0.1:%d", relayTCPPort),
+		"-udp", fmt.Sprintf("127.0.0.1:%d", relayUDPPort), "-resolver", resolver4)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		b.Fatalf("starting barerelay: %v", err)
+	}
+	b.Cleanup(func() {
+		cancel()
+		cmd.Wait()
+	})
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil || line != "ready\n" {
+		b.Fatalf("barerelay did not start: %q, %v\n%s", line, err, stderr.String())
+	}
+	nft := exec.Command("ip", "netns", "exec", s.ns.Name, "nft", "-f", "-")
+	nft.Stdin = strings.NewReader(relayRuleset)
+	if msg, err := nft.CombinedOutput(); err != nil {
+		b.Fatalf("applying the relay's rules: %v\n%s", err, msg)
+	}
+	b.Cleanup(func() {
+		if msg, err := exec.Command("ip", "netns", "exec", s.ns.Name, "nft", "delete", "table", "ip", "fgbench_relay").CombinedOutput(); err != nil {
+			b.Errorf("removing the relay's rules: %v\n%s", err, msg)
+		}
+	})
 }
 
 // eachMode runs bench once per attach mode, as a sub-benchmark.
@@ -71,12 +139,12 @@ func loadAverage() string {
 	return strings.Join(strings.Fields(string(b))[:3], " ")
 }
 
-// paths are the two ways through the sandbox, in the order of iteration i.
+// paths are the three ways through the sandbox, in the order of iteration
+// i: each comes first, second and third in turn.
 func paths(i int) []int {
-	if i%2 == 0 {
-		return []int{nstest.AgentUID, directUID}
-	}
-	return []int{directUID, nstest.AgentUID}
+	p := []int{nstest.AgentUID, directUID, relayUID}
+	k := i % len(p)
+	return append(p[k:], p[:k]...)
 }
 
 // samples runs one timing mode of the client as uid and returns its tries,
@@ -124,11 +192,12 @@ func tlsThroughput(b *testing.B, s *sandbox) {
 		}
 	}
 	b.StopTimer()
-	fg, direct := median(mbps[nstest.AgentUID]), median(mbps[directUID])
+	fg, direct, relay := median(mbps[nstest.AgentUID]), median(mbps[directUID]), median(mbps[relayUID])
 	b.ReportMetric(0, "ns/op")
 	b.ReportMetric(fg, "flowgate-MB/s")
 	b.ReportMetric(direct, "direct-MB/s")
 	b.ReportMetric(fg/direct, "ratio")
+	b.ReportMetric(relay/direct, "relay-ratio")
 }
 
 // latency runs a timing mode on both paths and reports the p50 of each,
@@ -156,7 +225,7 @@ func latency(b *testing.B, s *sandbox, mode string, args ...string) {
 	b.StopTimer()
 	timed := us
 	if mode == "handshake" {
-		for _, uid := range []int{nstest.AgentUID, directUID} {
+		for _, uid := range []int{nstest.AgentUID, directUID, relayUID} {
 			b.Logf("uid %d: p50 (µs from the start) connected %d, ClientHello written %d, server's first bytes %d, "+
 				"handshake done %d, answer %d (%d tries)", uid, median(connect[uid]), median(hello[uid]),
 				median(reply[uid]), median(hshake[uid]), median(us[uid]), len(us[uid]))
@@ -164,12 +233,13 @@ func latency(b *testing.B, s *sandbox, mode string, args ...string) {
 		timed = hshake
 		b.ReportMetric(float64(median(us[nstest.AgentUID])-median(us[directUID])), "answer-added-p50-us")
 	}
-	fg, direct := median(timed[nstest.AgentUID]), median(timed[directUID])
+	fg, direct, relay := median(timed[nstest.AgentUID]), median(timed[directUID]), median(timed[relayUID])
 	b.ReportMetric(0, "ns/op")
 	b.ReportMetric(float64(fg), "flowgate-p50-us")
 	b.ReportMetric(float64(direct), "direct-p50-us")
 	b.ReportMetric(float64(fg-direct), "added-p50-us")
 	b.ReportMetric(float64(fg)/float64(direct), "ratio")
+	b.ReportMetric(float64(relay-direct), "relay-added-p50-us")
 }
 
 // BenchmarkConnectHandshake times, per try, a TCP connect to pypi.org's
