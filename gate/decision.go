@@ -34,7 +34,7 @@ const (
 	ReasonECH            Reason = "ech_refused"      // encrypted ClientHello hides the name
 	ReasonNeedsIntercept Reason = "needs_intercept"  // TLS to a host with blocked_urls, and no interception
 	ReasonDoHCanary      Reason = "doh_canary"       // use-application-dns.net: tells browsers to keep DoH off
-	ReasonBadName        Reason = "bad_name"         // the name is not a valid host name
+	ReasonBadName        Reason = "bad_name"         // the name is not a valid host name (nor, in DNS, a service name under one)
 	ReasonBadRequest     Reason = "bad_request"      // malformed DNS message, ClientHello or HTTP request
 	ReasonLoop           Reason = "loop"             // a connection aimed at flowgate's own port
 	ReasonLimit          Reason = "limit"            // too many connections at once

@@ -84,6 +84,60 @@ func CanonicalName(s string) (string, error) {
 	return h.Name, nil
 }
 
+// CanonicalQueryName is CanonicalName for a DNS query name, which may also
+// start with underscore labels (RFC 8552: _dmarc.example.com,
+// _acme-challenge.example.com, _http._tcp.example.com,
+// selector._domainkey.example.com). Such names are not host names: no TLS
+// SNI, Host header or policy entry may carry one. A name without an
+// underscore gets CanonicalName's answer. In one with underscores,
+// everything up to the last label holding an underscore is the service
+// part: ASCII letters, digits, hyphens and underscores only, lower-cased,
+// no empty label, none longer than 63; the rest is a host name and goes
+// through CanonicalName. The whole is at most MaxNameLen long. Policy
+// rules match such a name through its host part's suffixes, like any
+// subdomain.
+func CanonicalQueryName(s string) (string, error) {
+	last := strings.LastIndexByte(s, '_')
+	if last < 0 {
+		return CanonicalName(s)
+	}
+	dot := strings.IndexByte(s[last:], '.')
+	if dot < 0 {
+		return "", fmt.Errorf("name %q: an underscore label must be followed by a host name", s)
+	}
+	service, rest := s[:last+dot], s[last+dot+1:]
+	host, err := CanonicalName(rest)
+	if err != nil {
+		return "", fmt.Errorf("name %q: %w", s, err)
+	}
+	b := make([]byte, 0, len(service)+1+len(host))
+	for label := range strings.SplitSeq(service, ".") {
+		switch {
+		case label == "":
+			return "", fmt.Errorf("name %q: empty label", s)
+		case len(label) > 63:
+			return "", fmt.Errorf("name %q: label longer than 63 characters", s)
+		}
+		for i := 0; i < len(label); i++ {
+			c := label[i]
+			switch {
+			case c >= 'a' && c <= 'z', c >= '0' && c <= '9', c == '-', c == '_':
+			case c >= 'A' && c <= 'Z':
+				c += 'a' - 'A'
+			default:
+				return "", fmt.Errorf("name %q: a label before an underscore label may hold only letters, digits, hyphens and underscores", s)
+			}
+			b = append(b, c)
+		}
+		b = append(b, '.')
+	}
+	b = append(b, host...)
+	if len(b) > MaxNameLen {
+		return "", fmt.Errorf("name %q: name longer than %d characters", s, MaxNameLen)
+	}
+	return string(b), nil
+}
+
 // splitPort separates an optional port. A bare IPv6 literal (more than one
 // colon, no brackets) has no port.
 func splitPort(s string) (host string, port uint16, err error) {

@@ -97,6 +97,89 @@ func TestParseTarget(t *testing.T) {
 	}
 }
 
+func TestCanonicalQueryName(t *testing.T) {
+	tests := []struct {
+		in, want string
+		wantErr  string
+	}{
+		{in: "example.com", want: "example.com"},
+		{in: "Bücher.example.", want: "xn--bcher-kva.example"},
+		{in: "_dmarc.Example.COM.", want: "_dmarc.example.com"},
+		{in: "_acme-challenge.example.com", want: "_acme-challenge.example.com"},
+		{in: "_HTTP._tcp.example.com", want: "_http._tcp.example.com"},
+		{in: "s1._domainkey.example.com", want: "s1._domainkey.example.com"},
+		{in: "a_b.example.com", want: "a_b.example.com"},
+		{in: "_dmarc.bücher.example", want: "_dmarc.xn--bcher-kva.example"},
+		{in: "_x.db", want: "_x.db"},
+
+		{in: "exa_mple", wantErr: "followed by a host name"},
+		{in: "_dmarc.", wantErr: "empty host"},
+		{in: "_dmarc..example.com", wantErr: "empty label"},
+		{in: "a.._x.example.com", wantErr: "empty label"},
+		{in: "_x.example..com", wantErr: "empty label"},
+		{in: "_x.-bad.example.com", wantErr: "hyphen"},
+		{in: "_x.exam ple.com", wantErr: "not a valid host name"},
+		{in: "bü_cher.example.com", wantErr: "only letters, digits, hyphens and underscores"},
+		{in: "_a\\.b.example.com", wantErr: "only letters, digits, hyphens and underscores"},
+		{in: "_x." + strings.Repeat("a", 64) + ".com", wantErr: "longer than 63"},
+		{in: "_" + strings.Repeat("a", 63) + ".com", wantErr: "longer than 63"},
+		{in: "_x.127.1", wantErr: "numeric IP"},
+		{in: "_x.192.0.2.1", wantErr: "IP address"},
+		{in: strings.Repeat("_bcdefghi.", 25) + "example.com", wantErr: "longer than 253"},
+	}
+	for _, tt := range tests {
+		got, err := CanonicalQueryName(tt.in)
+		if tt.wantErr != "" {
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Errorf("CanonicalQueryName(%q) = %q, %v; want error containing %q", tt.in, got, err, tt.wantErr)
+			}
+			continue
+		}
+		if err != nil || got != tt.want {
+			t.Errorf("CanonicalQueryName(%q) = %q, %v; want %q", tt.in, got, err, tt.want)
+			continue
+		}
+		if again, err := CanonicalQueryName(got); err != nil || again != got {
+			t.Errorf("CanonicalQueryName(%q) not idempotent: %q -> %q, %v", tt.in, got, again, err)
+		}
+		if _, err := CanonicalName(got); strings.Contains(got, "_") == (err == nil) {
+			t.Errorf("CanonicalName(%q) = %v: host names must stay letters, digits and hyphens", got, err)
+		}
+	}
+}
+
+// FuzzCanonicalQueryName checks that query names come out canonical, as
+// fixed points, and that a name without an underscore gets exactly
+// CanonicalName's answer.
+func FuzzCanonicalQueryName(f *testing.F) {
+	for _, s := range []string{"_dmarc.example.com.", "s1._domainkey.Bücher.example", "_x.127.1", "a_b", "_a._b._c.d"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		c, err := CanonicalQueryName(s)
+		if !strings.Contains(s, "_") {
+			want, werr := CanonicalName(s)
+			if c != want || (err == nil) != (werr == nil) {
+				t.Fatalf("CanonicalQueryName(%q) = %q, %v; CanonicalName = %q, %v", s, c, err, want, werr)
+			}
+		}
+		if err != nil {
+			return
+		}
+		for i := 0; i < len(c); i++ {
+			if b := c[i]; !(b >= 'a' && b <= 'z' || b >= '0' && b <= '9' || b == '-' || b == '_' || b == '.') {
+				t.Fatalf("CanonicalQueryName(%q) = %q: byte %q", s, c, b)
+			}
+		}
+		if strings.HasSuffix(c, ".") || strings.HasPrefix(c, ".") || strings.Contains(c, "..") || len(c) > MaxNameLen {
+			t.Fatalf("CanonicalQueryName(%q) = %q: not canonical", s, c)
+		}
+		if again, err := CanonicalQueryName(c); err != nil || again != c {
+			t.Fatalf("CanonicalQueryName(%q) = %q, but again = %q, %v", s, c, again, err)
+		}
+	})
+}
+
 func TestCanonicalNameRejectsAddress(t *testing.T) {
 	if _, err := CanonicalName("192.0.2.1"); err == nil || !strings.Contains(err.Error(), "IP address") {
 		t.Fatalf("CanonicalName(192.0.2.1) err = %v, want an IP-address error", err)

@@ -46,7 +46,7 @@ type stage func(s *Server, ctx context.Context, x *exchange) (done bool)
 var chain = []stage{
 	(*Server).parse,        // bytes to message; not a query, or malformed: drop or FORMERR (bad_request)
 	(*Server).validate,     // one IN question, opcode QUERY, a type we carry: FORMERR, NOTIMP, REFUSED, BADVERS
-	(*Server).canonicalise, // the query name through gate.CanonicalName: NXDOMAIN (bad_name)
+	(*Server).canonicalise, // the query name through gate.CanonicalQueryName: NXDOMAIN (bad_name)
 	(*Server).decide,       // gate.Policy.Name (metadata, DoH canary, mode, rules): NXDOMAIN + extended error
 	(*Server).forward,      // the sandbox's resolver: SERVFAIL when none answers
 	(*Server).screen,       // CNAME targets and addresses the policy refuses; ECH removed; stray records dropped
@@ -157,11 +157,13 @@ func opcodeName(op int) string {
 	return fmt.Sprint(op)
 }
 
-// canonicalise puts the query name in the one canonical form. Names it
-// rejects (underscore labels, numeric final labels, bad IDNs) get NXDOMAIN:
-// a definite answer, so that no stub tries another server.
+// canonicalise puts the query name in the one canonical form
+// (gate.CanonicalQueryName: a host name, possibly behind underscore labels
+// such as _dmarc or _http._tcp). Names it rejects (other characters,
+// numeric final labels, bad IDNs) get NXDOMAIN: a definite answer, so that
+// no stub tries another server.
 func (s *Server) canonicalise(_ context.Context, x *exchange) bool {
-	name, err := gate.CanonicalName(x.q.Name)
+	name, err := gate.CanonicalQueryName(x.q.Name)
 	if err != nil {
 		return x.refuse(dns.RcodeNameError, gate.Deny(gate.ReasonBadName), dns.ExtendedErrorCodeOther, err.Error())
 	}

@@ -63,7 +63,9 @@ func TestRefusals(t *testing.T) {
 		{"wildcard child", "x.wild.test.", dns.TypeA, dns.RcodeNameError, gate.ReasonHostBlocked, "sandbox.blocked_hosts[1] *.wild.test", dns.ExtendedErrorCodeBlocked},
 		{"doh canary", "use-application-dns.net.", dns.TypeA, dns.RcodeNameError, gate.ReasonDoHCanary, "default", dns.ExtendedErrorCodeBlocked},
 		{"metadata name", "metadata.google.internal.", dns.TypeA, dns.RcodeNameError, gate.ReasonMetadata, "builtin metadata.google.internal", dns.ExtendedErrorCodeBlocked},
-		{"underscore label", "_dmarc.example.test.", dns.TypeTXT, dns.RcodeNameError, gate.ReasonBadName, "default", dns.ExtendedErrorCodeOther},
+		{"service name under a blocked host", "_dmarc.Blocked.test.", dns.TypeTXT, dns.RcodeNameError, gate.ReasonHostBlocked, "sandbox.blocked_hosts[0] blocked.test", dns.ExtendedErrorCodeBlocked},
+		{"service name on a numeric host", "_x.1.2.3.4.", dns.TypeTXT, dns.RcodeNameError, gate.ReasonBadName, "default", dns.ExtendedErrorCodeOther},
+		{"escaped byte in a label", "a\\ b.test.", dns.TypeA, dns.RcodeNameError, gate.ReasonBadName, "default", dns.ExtendedErrorCodeOther},
 		{"root", ".", dns.TypeNS, dns.RcodeNameError, gate.ReasonBadName, "default", dns.ExtendedErrorCodeOther},
 		{"numeric final label", "1.2.3.4.", dns.TypeA, dns.RcodeNameError, gate.ReasonBadName, "default", dns.ExtendedErrorCodeOther},
 		{"ANY", "ok.test.", dns.TypeANY, dns.RcodeNotImplemented, gate.ReasonUnsupported, "default", dns.ExtendedErrorCodeNotSupported},
@@ -96,7 +98,7 @@ func TestRefusals(t *testing.T) {
 			}
 		})
 	}
-	for _, n := range []string{"blocked.test", "a.b.blocked.test", "x.wild.test", "use-application-dns.net", "metadata.google.internal", "_dmarc.example.test"} {
+	for _, n := range []string{"blocked.test", "a.b.blocked.test", "x.wild.test", "use-application-dns.net", "metadata.google.internal", "_dmarc.blocked.test", "_x.1.2.3.4", "a\\ b.test"} {
 		if got := u.fake.asked(n); got != 0 {
 			t.Errorf("%s was sent upstream %d times", n, got)
 		}

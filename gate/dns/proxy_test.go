@@ -59,6 +59,23 @@ func TestDenylist(t *testing.T) {
 			t.Errorf("record dest %q detail %q", rec.Dest, rec.Detail)
 		}
 	})
+	t.Run("service name under an allowed host is forwarded", func(t *testing.T) {
+		e.mustQuery(t, "udp", e.udp4, "_dmarc.Example.ORG", dns.TypeTXT, true)
+		if n := e.in.QueriesOf("_dmarc.example.org", dns.TypeTXT); n != 1 {
+			t.Errorf("resolver saw %d TXT queries for _dmarc.example.org, want 1", n)
+		}
+		wantRecord(t, e.recordFor(t, "_dmarc.example.org"), gate.VerdictAllow, gate.ReasonNotBlocked, "default")
+	})
+	t.Run("service name under a blocked host", func(t *testing.T) {
+		r := e.mustQuery(t, "udp", e.udp4, "_acme-challenge.www.example.com", dns.TypeTXT, true)
+		if r.Rcode != dns.RcodeNameError {
+			t.Errorf("reply %s, want NXDOMAIN", rcode(r))
+		}
+		wantRecord(t, e.recordFor(t, "_acme-challenge.www.example.com"), gate.VerdictDeny, gate.ReasonHostBlocked, ruleText("blocked_hosts", 1, "example.com"))
+		if n := e.in.Queries("_acme-challenge.www.example.com"); n != 0 {
+			t.Errorf("resolver saw %d queries for a blocked service name", n)
+		}
+	})
 	t.Run("CNAME into a blocked host", func(t *testing.T) {
 		r := e.mustQuery(t, "udp", e.udp4, "static.example.com", dns.TypeA, true)
 		if r.Rcode != dns.RcodeNameError || len(r.Answer) != 0 {
@@ -162,6 +179,13 @@ func TestAllowlist(t *testing.T) {
 		r := e.mustQuery(t, "udp", e.udp6, "api.example.com", dns.TypeAAAA, true)
 		wantAddrs(t, r, "2001:db8::12")
 		wantRecord(t, e.recordFor(t, "api.example.com"), gate.VerdictAllow, gate.ReasonHostAllowed, ruleText("allowed_hosts", 0, "example.com"))
+	})
+	t.Run("service name under an allowed host", func(t *testing.T) {
+		e.mustQuery(t, "udp", e.udp4, "_http._tcp.example.com", dns.TypeSRV, true)
+		if n := e.in.QueriesOf("_http._tcp.example.com", dns.TypeSRV); n != 1 {
+			t.Errorf("resolver saw %d SRV queries, want 1", n)
+		}
+		wantRecord(t, e.recordFor(t, "_http._tcp.example.com"), gate.VerdictAllow, gate.ReasonHostAllowed, ruleText("allowed_hosts", 0, "example.com"))
 	})
 	t.Run("wildcard", func(t *testing.T) {
 		r := e.mustQuery(t, "udp", e.udp4, "files.pythonhosted.org", dns.TypeA, false)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"strings"
 	"sync"
 	"time"
 
@@ -150,6 +151,9 @@ func (b *blockedLookups) unclaim(name string) {
 // in s.wg.
 func (s *Server) lookupBlocked(name string) {
 	b := s.blocked
+	if strings.Contains(name, "_") {
+		return // a service name (_dmarc.example.com), not a host: no address to learn
+	}
 	if b == nil || !b.claim(name, time.Now()) {
 		return
 	}
