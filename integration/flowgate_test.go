@@ -270,10 +270,11 @@ func TestFlowgateCommand(t *testing.T) {
 				dnsDeny++
 			}
 		}
-		// Three attaches, each checked once with Python (A and AAAA for
-		// example.com, one TLS connection to pypi.org).
-		if tlsAllow != 3 || dnsDeny != 6 {
-			t.Errorf("egress log: %d TLS allows for pypi.org and %d DNS denials for example.com, want 3 and 6:\n%s", tlsAllow, dnsDeny, b)
+		// Three attaches, each checked once with Python: A and AAAA for
+		// example.com (glibc sends both at once and, now and then, one of
+		// them again), one TLS connection to pypi.org.
+		if tlsAllow != 3 || dnsDeny < 6 {
+			t.Errorf("egress log: %d TLS allows for pypi.org and %d DNS denials for example.com, want 3 and at least 6:\n%s", tlsAllow, dnsDeny, b)
 		}
 	})
 }
