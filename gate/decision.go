@@ -143,6 +143,9 @@ type Record struct {
 	Reason  Reason    `json:"reason"`
 	Rule    string    `json:"rule"`
 	Detail  string    `json:"detail,omitempty"`
+	// Count is how many alike events the record stands for, when a
+	// Throttle has folded a flood of them into one; 0 means one.
+	Count int `json:"count,omitempty"`
 }
 
 // NewRecord fills a record's verdict, reason and rule from a decision.

@@ -162,6 +162,28 @@ func TestUDPInflightLimit(t *testing.T) {
 	if !found {
 		t.Errorf("no limit record for the dropped query")
 	}
+	// A flood while the slot is held: the drops are counted, not logged
+	// one by one (gate.Throttle: at most one record a second).
+	const flood = 200
+	c.SetDeadline(time.Time{}) // the exchange above left an expired one
+	for range flood {
+		if _, err := c.Write(raw); err != nil {
+			t.Fatalf("flooding: %v", err)
+		}
+	}
+	limits := func() (recs, events int) {
+		for _, r := range e.rec.all() {
+			if r.Reason == gate.ReasonLimit {
+				recs++
+				events += max(r.Count, 1)
+			}
+		}
+		return recs, events
+	}
+	eventually(t, "the flood's drops to be recorded", func() bool { _, n := limits(); return n >= flood/2 })
+	if recs, events := limits(); recs > 3 || events > flood+1 {
+		t.Errorf("%d limit records standing for %d drops; want at most 3 for at most %d", recs, events, flood+1)
+	}
 	// The held query ends in SERVFAIL; then the slot is free again.
 	hold.SetReadDeadline(time.Now().Add(5 * time.Second))
 	buf := make([]byte, 512)

@@ -107,6 +107,7 @@ type Server struct {
 
 	inflight chan struct{}
 	tcpSlots chan struct{}
+	limits   *gate.Throttle // records of refusals over a limit
 
 	mu     sync.Mutex
 	closed bool
@@ -170,6 +171,7 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Policy.Mode == gate.Denylist && cfg.BlockedLookups > 0 {
 		s.blocked = newBlockedLookups(cfg.BlockedLookups)
 	}
+	s.limits = gate.NewThrottle(gate.RecorderFunc(s.stamp), gate.DefaultThrottleInterval)
 	return s, nil
 }
 
@@ -233,7 +235,7 @@ func (s *Server) ServeUDP(pc net.PacketConn) error {
 		select {
 		case s.inflight <- struct{}{}:
 		default:
-			s.record(gate.Deny(gate.ReasonLimit), "", "", "udp: too many queries in flight, dropped")
+			s.recordLimit("udp: too many queries in flight, dropped")
 			continue
 		}
 		s.wg.Add(1)
@@ -272,7 +274,7 @@ func (s *Server) ServeTCP(l net.Listener) error {
 		select {
 		case s.tcpSlots <- struct{}{}:
 		default:
-			s.record(gate.Deny(gate.ReasonLimit), "", "", "tcp: too many connections, closed")
+			s.recordLimit("tcp: too many connections, closed")
 			c.Close()
 			continue
 		}
@@ -368,6 +370,7 @@ func (s *Server) Close() error {
 	s.cancel()
 	s.wg.Wait()
 	s.up.close()
+	s.limits.Close()
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("closing dns proxy: %w", err)
 	}
@@ -383,12 +386,25 @@ func ignoreClosed(err error) error {
 
 // record writes one decision record.
 func (s *Server) record(d gate.Decision, dest, name, detail string) {
+	r := gate.NewRecord(gate.ProtoDNS, dest, name, d)
+	r.Detail = detail
+	s.stamp(r)
+}
+
+// recordLimit records a refusal over a limit, which a client can cause at
+// any rate: through the throttle, so that a flood is one record a second.
+func (s *Server) recordLimit(detail string) {
+	r := gate.NewRecord(gate.ProtoDNS, "", "", gate.Deny(gate.ReasonLimit))
+	r.Detail = detail
+	s.limits.Record(r)
+}
+
+// stamp labels a record with the sandbox and uid and hands it on.
+func (s *Server) stamp(r gate.Record) {
 	if s.cfg.Record == nil {
 		return
 	}
-	r := gate.NewRecord(gate.ProtoDNS, dest, name, d)
 	r.Sandbox = s.cfg.Sandbox
 	r.UID = s.cfg.UID
-	r.Detail = detail
 	s.cfg.Record.Record(r)
 }

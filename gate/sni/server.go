@@ -94,6 +94,8 @@ type Server struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 
+	limits *gate.Throttle // records of connections refused over MaxConns
+
 	mu        sync.Mutex
 	closed    bool
 	listeners map[net.Listener]struct{}
@@ -161,6 +163,7 @@ func New(cfg Config) (*Server, error) {
 	for _, p := range cfg.LocalPorts {
 		s.loopPorts[p] = true
 	}
+	s.limits = gate.NewThrottle(gate.RecorderFunc(s.record), gate.DefaultThrottleInterval)
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	return s, nil
 }
@@ -216,7 +219,8 @@ func (s *Server) serve(l net.Listener, handle func(*net.TCPConn)) error {
 		default:
 			tc.SetLinger(0)
 			tc.Close()
-			s.record(gate.NewRecord(gate.ProtoTCP, "", "", gate.Deny(gate.ReasonLimit)))
+			// A client can cause these at any rate: one record a second.
+			s.limits.Record(gate.NewRecord(gate.ProtoTCP, "", "", gate.Deny(gate.ReasonLimit)))
 			continue
 		}
 		if !s.track(tc) {
@@ -335,6 +339,7 @@ func (s *Server) Close() error {
 	}
 	s.mu.Unlock()
 	s.wg.Wait()
+	s.limits.Close()
 	return errors.Join(errs...)
 }
 

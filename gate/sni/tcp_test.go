@@ -161,6 +161,30 @@ func TestConnectionLimit(t *testing.T) {
 		t.Fatalf("third connection not closed at once: %v", err)
 	}
 	f.rec.wait(t, "limit", func(r gate.Record) bool { return r.Reason == gate.ReasonLimit && r.Verdict == gate.VerdictDeny })
+	// A flood of connections over the limit is counted, not logged one by
+	// one: at most one record a second (gate.Throttle).
+	const flood = 50
+	for range flood {
+		if c, err := net.Dial("tcp", f.tl.Addr().String()); err == nil {
+			c.Close()
+		}
+	}
+	limits := func() (recs, events int) {
+		for _, r := range f.rec.all() {
+			if r.Reason == gate.ReasonLimit {
+				recs++
+				events += max(r.Count, 1)
+			}
+		}
+		return recs, events
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for _, n := limits(); n < flood+1 && time.Now().Before(deadline); _, n = limits() {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if recs, events := limits(); recs > 3 || events != flood+1 {
+		t.Errorf("%d limit records standing for %d refusals; want at most 3 for %d", recs, events, flood+1)
+	}
 }
 
 func TestIdleTimeoutOnSplice(t *testing.T) {
