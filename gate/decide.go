@@ -101,7 +101,10 @@ func (p *Policy) NeedsIntercept(h Host) bool {
 }
 
 // Target decides what `flowgate check` is given: a host, "host:port", or an
-// http(s) URL (its query is ignored), without touching the network.
+// http(s) URL (its query is ignored), without touching the network, as the
+// gateway of this build would. An https URL to a host that blocked_urls
+// rules cover is refused whole (needs_intercept) unless its path is
+// blocked: without TLS interception no path of it can be checked.
 func (p *Policy) Target(t string) (Decision, error) {
 	if !strings.Contains(t, "://") {
 		h, _, err := ParseTarget(t)
@@ -128,5 +131,9 @@ func (p *Policy) Target(t string) (Decision, error) {
 	if err != nil {
 		return Decision{}, fmt.Errorf("target %q: %w", t, err)
 	}
-	return p.Request(h, path), nil
+	d := p.Request(h, path)
+	if d.Allow && strings.EqualFold(u.Scheme, "https") && p.NeedsIntercept(h) {
+		return Deny(ReasonNeedsIntercept), nil
+	}
+	return d, nil
 }

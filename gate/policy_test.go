@@ -209,3 +209,28 @@ func TestTargetErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestTargetNeedsIntercept: check answers as this build's gateway does,
+// which refuses HTTPS to a host that URL rules cover (no interception).
+func TestTargetNeedsIntercept(t *testing.T) {
+	p := mustCompile(t, Spec{Mode: Denylist, BlockedURLs: entries("sandbox.blocked_urls", "http://example.org/papers/x")})
+	tests := []struct {
+		target string
+		reason Reason
+	}{
+		{"https://example.org/papers/x", ReasonURLBlocked},
+		{"https://example.org/other", ReasonNeedsIntercept},
+		{"HTTPS://www.example.org/", ReasonNeedsIntercept},
+		{"http://example.org/other", ReasonNotBlocked},
+		{"http://example.org/papers/x/y", ReasonURLBlocked},
+		{"https://example.com/other", ReasonNotBlocked},
+		{"example.org", ReasonNotBlocked},
+		{"example.org:443", ReasonNotBlocked},
+	}
+	for _, tt := range tests {
+		d, err := p.Target(tt.target)
+		if err != nil || d.Reason != tt.reason || d.Allow != (tt.reason == ReasonNotBlocked) {
+			t.Errorf("Target(%q) = %s/%s, %v; want %s", tt.target, d.Verdict(), d.Reason, err, tt.reason)
+		}
+	}
+}

@@ -23,7 +23,10 @@ matcher the gateway uses, without touching the network. One line per target:
 VERDICT is allow or deny, CODE one of the gateway's reason codes, RULE the
 field and canonical form of the rule that decided, or "default" when the
 mode's default did. Host targets are decided by name (or address); URL
-targets also by their path against blocked_urls.
+targets also by their path against blocked_urls. The answer is what this
+build's gateway does: it does not intercept TLS, so an https URL to a host
+that blocked_urls rules cover is refused whole (needs_intercept) unless its
+path is blocked outright.
 
 A bad target is reported on standard error and the other targets are still
 decided. Exit status: 0 if every target is allowed, 1 if any is denied, 2 on

@@ -46,16 +46,17 @@ func TestCheck(t *testing.T) {
 		stdout string
 	}{
 		{"denylist", []string{"check", "--policy", deny,
-			"https://example.org/papers/x/page.pdf", "https://example.org/papers/xy", "HTTP://EXAMPLE.ORG/a/../papers/x",
+			"https://example.org/papers/x/page.pdf", "https://example.org/papers/xy", "http://example.org/papers/xy", "HTTP://EXAMPLE.ORG/a/../papers/x",
 			"cdn.mirror.example.net:443", "198.51.100.9", "169.254.169.254", "use-application-dns.net", "pypi.org"}, 1,
-			`deny   https://example.org/papers/x/page.pdf  reason=url_blocked   rule=blocked_urls[0] https://example.org/papers/x
-allow  https://example.org/papers/xy          reason=not_blocked   rule=default
-deny   HTTP://EXAMPLE.ORG/a/../papers/x       reason=url_blocked   rule=blocked_urls[0] https://example.org/papers/x
-deny   cdn.mirror.example.net:443             reason=host_blocked  rule=blocked_hosts[0] mirror.example.net
-deny   198.51.100.9                           reason=cidr_blocked  rule=blocked_hosts[1] 198.51.100.0/24
-deny   169.254.169.254                        reason=metadata      rule=builtin 169.254.0.0/16
-deny   use-application-dns.net                reason=doh_canary    rule=default
-allow  pypi.org                               reason=not_blocked   rule=default
+			`deny   https://example.org/papers/x/page.pdf  reason=url_blocked      rule=blocked_urls[0] https://example.org/papers/x
+deny   https://example.org/papers/xy          reason=needs_intercept  rule=default
+allow  http://example.org/papers/xy           reason=not_blocked      rule=default
+deny   HTTP://EXAMPLE.ORG/a/../papers/x       reason=url_blocked      rule=blocked_urls[0] https://example.org/papers/x
+deny   cdn.mirror.example.net:443             reason=host_blocked     rule=blocked_hosts[0] mirror.example.net
+deny   198.51.100.9                           reason=cidr_blocked     rule=blocked_hosts[1] 198.51.100.0/24
+deny   169.254.169.254                        reason=metadata         rule=builtin 169.254.0.0/16
+deny   use-application-dns.net                reason=doh_canary       rule=default
+allow  pypi.org                               reason=not_blocked      rule=default
 `},
 		{"all allowed", []string{"check", "--policy", allow, "files.pythonhosted.org", "db", "10.1.2.3", "https://pypi.org/simple/"}, 0,
 			`allow  files.pythonhosted.org    reason=host_allowed     rule=allowed_hosts[1] *.pythonhosted.org
