@@ -148,6 +148,9 @@ type Record struct {
 	Count int `json:"count,omitempty"`
 }
 
+// Events is how many events the record stands for: Count, or 1.
+func (r Record) Events() int { return max(r.Count, 1) }
+
 // NewRecord fills a record's verdict, reason and rule from a decision.
 func NewRecord(proto, dest, name string, d Decision) Record {
 	return Record{Time: time.Now().UTC(), Proto: proto, Dest: dest, Name: name,

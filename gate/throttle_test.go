@@ -35,7 +35,7 @@ func limitRecord(detail string) Record {
 func events(recs []Record) int {
 	n := 0
 	for _, r := range recs {
-		n += max(r.Count, 1)
+		n += r.Events()
 	}
 	return n
 }

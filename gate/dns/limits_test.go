@@ -175,7 +175,7 @@ func TestUDPInflightLimit(t *testing.T) {
 		for _, r := range e.rec.all() {
 			if r.Reason == gate.ReasonLimit {
 				recs++
-				events += max(r.Count, 1)
+				events += r.Events()
 			}
 		}
 		return recs, events

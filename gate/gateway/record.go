@@ -37,7 +37,7 @@ func (h *Handle) recorder(uid uint32) gate.Recorder {
 	return gate.RecorderFunc(func(r gate.Record) {
 		r.Sandbox = sandbox
 		r.UID = uid
-		decisionsTotal.WithLabelValues(r.Proto, r.Verdict, string(r.Reason)).Add(float64(max(r.Count, 1)))
+		decisionsTotal.WithLabelValues(r.Proto, r.Verdict, string(r.Reason)).Add(float64(r.Events()))
 		if next != nil {
 			next.Record(r)
 		}

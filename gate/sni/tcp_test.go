@@ -173,7 +173,7 @@ func TestConnectionLimit(t *testing.T) {
 		for _, r := range f.rec.all() {
 			if r.Reason == gate.ReasonLimit {
 				recs++
-				events += max(r.Count, 1)
+				events += r.Events()
 			}
 		}
 		return recs, events
