@@ -70,14 +70,6 @@ func (s *Server) serve(ctx context.Context, raw []byte, tcp bool, send func([]by
 	s.recordExchange(x)
 }
 
-// handle is serve returning the bytes to send back, or nil to send
-// nothing.
-func (s *Server) handle(ctx context.Context, raw []byte, tcp bool) []byte {
-	var out []byte
-	s.serve(ctx, raw, tcp, func(b []byte) { out = b })
-	return out
-}
-
 // refuse ends the exchange with a reply code, a decision and an optional
 // extended error.
 func (x *exchange) refuse(rcode int, d gate.Decision, ede uint16, detail string) bool {

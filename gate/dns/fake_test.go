@@ -365,3 +365,11 @@ func addrsOf(r *dns.Msg) []netip.Addr {
 	}
 	return out
 }
+
+// handle is serve returning the bytes to send back, or nil to send
+// nothing; the record is written when it returns.
+func (s *Server) handle(ctx context.Context, raw []byte, tcp bool) []byte {
+	var out []byte
+	s.serve(ctx, raw, tcp, func(b []byte) { out = b })
+	return out
+}
