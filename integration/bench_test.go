@@ -21,8 +21,8 @@ import (
 // transparent port and DNS through its proxy), times its own tries and
 // prints them. The direct path is the same client, in the same namespace
 // and the same run, as uid 1001, which no rule matches: the same route to
-// the same servers, without flowgate. The two alternate within every
-// iteration, so a busy machine slows both alike.
+// the same servers, without flowgate. The paths take turns within every
+// iteration, so a busy machine slows them alike.
 //
 // Each benchmark runs flowgate two ways, as sub-benchmarks:
 //
@@ -172,8 +172,9 @@ func median[T int64 | float64](xs []T) T {
 
 // BenchmarkTLSThroughput downloads 64 MiB over HTTPS (HTTP/1.1, a fresh
 // connection each) from pypi.org: through flowgate's transparent path
-// (SNI peek, then splice) and directly. Metrics are the median MB/s of
-// each and the ratio flowgate/direct.
+// (SNI peek, then splice), directly and through the relay. Metrics are the
+// median MB/s of flowgate and direct, the ratio flowgate/direct and the
+// ratio relay/direct.
 func BenchmarkTLSThroughput(b *testing.B) { eachMode(b, tlsThroughput) }
 
 func tlsThroughput(b *testing.B, s *sandbox) {
@@ -200,8 +201,9 @@ func tlsThroughput(b *testing.B, s *sandbox) {
 	b.ReportMetric(relay/direct, "relay-ratio")
 }
 
-// latency runs a timing mode on both paths and reports the p50 of each,
-// the p50 flowgate adds, and the ratio of the p50s. For handshake the
+// latency runs a timing mode on the three paths and reports the p50 of
+// flowgate and direct, the p50 flowgate adds, the ratio of the p50s and
+// the p50 the relay adds. For handshake the
 // timed span is connect plus TLS handshake (what the issue names), and
 // answer-added-p50-us is what flowgate adds to the whole try, one small
 // GET and its answer included.
