@@ -125,7 +125,7 @@ func CanonicalQueryName(s string) (string, error) {
 			case c >= 'A' && c <= 'Z':
 				c += 'a' - 'A'
 			default:
-				return "", fmt.Errorf("name %q: a label before an underscore label may hold only letters, digits, hyphens and underscores", s)
+				return "", fmt.Errorf("name %q: the labels up to the last one with an underscore may hold only letters, digits, hyphens and underscores", s)
 			}
 			b = append(b, c)
 		}
