@@ -49,14 +49,15 @@ func Apply(ns netns.NsHandle, r *Ruleset) error {
 	c.AddTable(t)
 	ids := make(map[string]uint32, len(r.sets))
 	for i, s := range r.sets {
-		ks := &nftables.Set{Table: t, ID: uint32(i + 1), Name: s.name, KeyType: s.keyType, Interval: s.interval, HasTimeout: s.timeout}
+		ks := &nftables.Set{Table: t, ID: uint32(i + 1), Name: s.name, KeyType: s.keyType, Interval: s.interval, HasTimeout: s.timeout, Size: s.size}
 		ids[s.name] = ks.ID
-		var elems []nftables.SetElement
-		if s.interval {
-			elems = kernelElements(s.elems)
-		}
-		if err := c.AddSet(ks, elems); err != nil {
+		if err := c.AddSet(ks, nil); err != nil {
 			return fmt.Errorf("applying ruleset: set %s: %w", s.name, err)
+		}
+		if s.interval {
+			if err := addElements(c, ks, kernelElements(s.elems)); err != nil {
+				return fmt.Errorf("applying ruleset: set %s: %w", s.name, err)
+			}
 		}
 	}
 	chains := make(map[string]*nftables.Chain, len(r.chains))
@@ -134,7 +135,7 @@ func dial(ns netns.NsHandle) (*nftables.Conn, error) {
 		return nil, err
 	}
 	c, err := nftables.New(nftables.WithNetNSFd(int(ns)), nftables.AsLasting(),
-		nftables.WithSockOptions(func(nc *netlink.Conn) error { return own.record(key, nc) }))
+		nftables.WithSockOptions(func(nc *netlink.Conn) error { return own.record(key, nc) }, bigBuffers))
 	if err != nil {
 		return nil, fmt.Errorf("opening nftables netlink socket: %w", err)
 	}
@@ -230,4 +231,55 @@ func (o *ownPorts) has(ns nsID, pid uint32) bool {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	return o.count[portKey{ns, pid}] > 0
+}
+
+// Socket buffers of flowgate's nftables sockets. A whole ruleset goes in
+// one transaction (Apply is atomic), and the defaults (about 200 KiB)
+// refuse a ruleset of a few thousand CIDR rules, or overflow with the
+// kernel's acknowledgements of its messages. A transaction bigger than
+// maxBatch is refused by the kernel with EMSGSIZE: Apply fails, loud.
+const (
+	maxBatch = 64 << 20
+	maxAcks  = 16 << 20
+)
+
+// bigBuffers lets one transaction be up to maxBatch bytes and its
+// acknowledgements up to maxAcks.
+func bigBuffers(nc *netlink.Conn) error {
+	raw, err := nc.SyscallConn()
+	if err != nil {
+		return fmt.Errorf("nftables socket: %w", err)
+	}
+	var serr error
+	if err := raw.Control(func(fd uintptr) {
+		serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, maxBatch)
+		if serr == nil {
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, maxAcks)
+		}
+	}); err != nil {
+		return fmt.Errorf("nftables socket: %w", err)
+	}
+	if serr != nil {
+		return fmt.Errorf("nftables socket: raising its buffers: %w", serr)
+	}
+	return nil
+}
+
+// elementsPerMessage bounds the elements of one NEWSETELEM message. Their
+// list is one netlink attribute, whose length is 16 bits: past 64 KiB it
+// wraps and the kernel silently takes only the part that fits. An IPv6
+// interval element takes about 60 bytes.
+const elementsPerMessage = 512
+
+// addElements queues elems for s in messages of at most
+// elementsPerMessage elements, all in the connection's one transaction.
+func addElements(c *nftables.Conn, s *nftables.Set, elems []nftables.SetElement) error {
+	for len(elems) > 0 {
+		n := min(len(elems), elementsPerMessage)
+		if err := c.SetAddElements(s, elems[:n]); err != nil {
+			return err
+		}
+		elems = elems[n:]
+	}
+	return nil
 }

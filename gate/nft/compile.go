@@ -156,8 +156,8 @@ func (c *compiler) addSets(p *gate.Policy) {
 		addrSet(SetAllow4, false, p.CIDRs.Prefixes())
 		addrSet(SetAllow6, true, p.CIDRs.Prefixes())
 		c.r.sets = append(c.r.sets,
-			&set{name: SetLearned4, keyType: nftables.TypeIPAddr, timeout: true, learned: true},
-			&set{name: SetLearned6, keyType: nftables.TypeIP6Addr, timeout: true, learned: true})
+			&set{name: SetLearned4, keyType: nftables.TypeIPAddr, timeout: true, size: LearnedSetSize, learned: true},
+			&set{name: SetLearned6, keyType: nftables.TypeIP6Addr, timeout: true, size: LearnedSetSize, learned: true})
 	}
 }
 

@@ -226,7 +226,7 @@ func TestDiffKinds(t *testing.T) {
 	for _, w := range []string{
 		"missing in set block4: set block4 { type ipv4_addr flags interval elements",
 		"extra in set allow4: set allow4 { type ipv4_addr flags interval elements",
-		"extra in set learned4: set learned4 { type ipv4_addr flags timeout }",
+		"extra in set learned4: set learned4 { type ipv4_addr size 65536 flags timeout }",
 		`missing in chain agent: ip daddr @block4 counter packets 0 bytes 0 jump refuse comment "flowgate d: denylist: refuse blocked CIDRs (IPv4)"`,
 		`extra in chain agent: counter packets 0 bytes 0 jump refuse comment "flowgate d: allowlist: refuse the rest"`,
 	} {

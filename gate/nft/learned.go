@@ -104,7 +104,7 @@ func (l *Learner) Add(addrs []netip.Addr, ttl time.Duration) error {
 		if len(b.elems) == 0 {
 			continue
 		}
-		if err := l.conn.SetAddElements(b.s, b.elems); err != nil {
+		if err := addElements(l.conn, b.s, b.elems); err != nil {
 			return fmt.Errorf("adding learned addresses to %s: %w", b.s.Name, err)
 		}
 	}

@@ -60,7 +60,7 @@ func read(c *nftables.Conn, ns netns.NsHandle) (*Ruleset, error) {
 			return nil, fmt.Errorf("listing elements of set %s: %w", s.Name, err)
 		}
 		ls := &set{name: s.Name, keyType: s.KeyType, interval: s.Interval, timeout: s.HasTimeout, constant: s.Constant,
-			learned: s.Name == SetLearned4 || s.Name == SetLearned6}
+			size: s.Size, learned: s.Name == SetLearned4 || s.Name == SetLearned6}
 		if ls.elems, err = liveElements(s, raw); err != nil {
 			return nil, fmt.Errorf("set %s: %w", s.Name, err)
 		}

@@ -63,6 +63,9 @@ func tableFlagsText(f uint32) string {
 func (s *set) declText() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "\tset %s {\n\t\ttype %s\n", nameText(s.name), keyTypeName(s.keyType))
+	if s.size > 0 {
+		fmt.Fprintf(&b, "\t\tsize %d\n", s.size)
+	}
 	var flags []string
 	if s.constant {
 		flags = append(flags, "constant")

@@ -33,6 +33,13 @@ const (
 	SetLearned6 = "learned6" // allowlist: addresses of allowed DNS answers, IPv6 (timeout)
 )
 
+// LearnedSetSize bounds each learned set. When one is full the kernel
+// refuses further addresses until some expire (at least gate.MinLearnTTL
+// after they were added), and the DNS proxy answers SERVFAIL rather than
+// return an address the kernel would not admit: an agent that resolves
+// names without end slows only itself.
+const LearnedSetSize = 65536
+
 // Table flags as the kernel reports them (NFT_TABLE_F_*).
 const (
 	tableDormant = 1 << iota
@@ -71,6 +78,7 @@ type set struct {
 	interval bool
 	timeout  bool
 	constant bool
+	size     uint32 // the most elements it may hold; 0: no bound
 	// learned marks the run-time sets whose elements Diff ignores.
 	learned bool
 	elems   []element

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -429,3 +430,84 @@ func TestLearner(t *testing.T) {
 		t.Errorf("add after close: %v", err)
 	}
 }
+
+// TestLearnedSetBound: a learned set holds at most LearnedSetSize
+// addresses; past that the kernel refuses more, and Add says so (the DNS
+// proxy then answers SERVFAIL), until some expire.
+func TestLearnedSetBound(t *testing.T) {
+	nstest.RequireRoot(t)
+	s := nstest.New(t, "fgbound")
+	if err := Apply(s.Handle, compile(t, specs["allowlist"], Params{Sandbox: "bound", UID: 1000})); err != nil {
+		t.Fatal(err)
+	}
+	l, err := NewLearner(s.Handle)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	// Set elements only: nothing is sent to these addresses.
+	base := uint32(10 << 24)
+	batch := make([]netip.Addr, 0, 4096) // more than one netlink attribute holds
+	for i := uint32(0); i < LearnedSetSize; i++ {
+		batch = append(batch, netip.AddrFrom4([4]byte{byte((base + i) >> 24), byte((base + i) >> 16), byte((base + i) >> 8), byte(base + i)}))
+		if len(batch) == cap(batch) {
+			if err := l.Add(batch, time.Hour); err != nil {
+				t.Fatalf("adding addresses up to the bound, at %d: %v", i, err)
+			}
+			batch = batch[:0]
+		}
+	}
+	live, err := Read(s.Handle)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(live.set(SetLearned4).elems); n != LearnedSetSize {
+		t.Fatalf("learned4 holds %d addresses after adding %d, each accepted", n, LearnedSetSize)
+	}
+	err = l.Add(addrs("192.0.2.77"), time.Hour)
+	if err == nil {
+		t.Fatalf("the %d+1st address was accepted", LearnedSetSize)
+	}
+	if !strings.Contains(err.Error(), SetLearned4) && !strings.Contains(err.Error(), "learned addresses") {
+		t.Errorf("error %q does not say what was refused", err)
+	}
+	// The other family has its own bound, and an address already there is
+	// refreshed, not added.
+	if err := l.Add(addrs("2001:db8::77"), time.Hour); err != nil {
+		t.Errorf("IPv6 refused while only the IPv4 set is full: %v", err)
+	}
+	if err := l.Add(addrs("10.0.0.1"), 2*time.Hour); err != nil {
+		t.Errorf("refreshing an address in a full set: %v", err)
+	}
+}
+
+// TestApplyManyCIDRs: a denylist of tens of thousands of CIDR rules reaches
+// the kernel whole, in one transaction: elements go in messages small
+// enough for netlink's 16-bit attribute lengths (past them the kernel
+// silently took a part), and the socket's send buffer takes the whole
+// transaction (the default refused it). Read and Diff confirm.
+func TestApplyManyCIDRs(t *testing.T) {
+	nstest.RequireRoot(t)
+	s := nstest.New(t, "fgmany")
+	var hosts []string
+	for i := range manyCIDRs {
+		hosts = append(hosts, fmt.Sprintf("10.%d.%d.0/24", i/256%256, i%256), fmt.Sprintf("11.%d.%d.0/24", i/256%256, i%256))
+		hosts = append(hosts, fmt.Sprintf("2001:db8:%x::/48", i))
+	}
+	r := compile(t, gate.Spec{Mode: gate.Denylist, BlockedHosts: entries(hosts...)}, Params{Sandbox: "many", UID: 1000})
+	if err := Apply(s.Handle, r); err != nil {
+		t.Fatal(err)
+	}
+	live, err := Read(s.Handle)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := Diff(r, live); len(d) != 0 {
+		n := min(len(d), 5)
+		t.Fatalf("%d differences after Apply, first %d: %v", len(d), n, d[:n])
+	}
+}
+
+// manyCIDRs is how many IPv4 and how many IPv6 CIDR rules
+// TestApplyManyCIDRs applies.
+const manyCIDRs = 20000
