@@ -23,7 +23,8 @@ func table() *nftables.Table {
 // and added again with its sets, chains and rules. Either all of it takes
 // effect or none; no other table is touched. Applying the same ruleset
 // twice leaves the same table. Learned addresses do not survive: the
-// learned sets start empty.
+// learned sets start empty. The table is then read back: Apply fails if
+// the kernel holds anything else than r.
 func Apply(ns netns.NsHandle, r *Ruleset) error {
 	if !r.Exists() {
 		return errors.New("applying ruleset: empty ruleset")
@@ -80,6 +81,15 @@ func Apply(ns netns.NsHandle, r *Ruleset) error {
 	}
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("applying ruleset: %w", err)
+	}
+	// The table is read back and compared: a ruleset the kernel took only
+	// in part, whatever the reason, must not pass for applied.
+	live, err := Read(ns)
+	if err != nil {
+		return fmt.Errorf("applying ruleset: reading it back: %w", err)
+	}
+	if d := Diff(r, live); len(d) > 0 {
+		return fmt.Errorf("applying ruleset: the kernel holds another table than the one sent (%d differences; the first: %s)", len(d), d[0])
 	}
 	return nil
 }
@@ -268,8 +278,9 @@ func bigBuffers(nc *netlink.Conn) error {
 // elementsPerMessage bounds the elements of one NEWSETELEM message. Their
 // list is one netlink attribute, whose length is 16 bits: past 64 KiB it
 // wraps and the kernel silently takes only the part that fits. An IPv6
-// interval element takes about 60 bytes.
-const elementsPerMessage = 512
+// interval element takes about 60 bytes. A variable for one test, which
+// raises it to show that Apply's read-back catches a truncated set.
+var elementsPerMessage = 512
 
 // addElements queues elems for s in messages of at most
 // elementsPerMessage elements, all in the connection's one transaction.

@@ -511,3 +511,23 @@ func TestApplyManyCIDRs(t *testing.T) {
 // manyCIDRs is how many IPv4 and how many IPv6 CIDR rules
 // TestApplyManyCIDRs applies.
 const manyCIDRs = 20000
+
+// TestApplyVerifies: with elements sent in one oversized message again (the
+// old bug), the kernel takes a set only in part; Apply reads the table
+// back and fails instead of passing it for applied.
+func TestApplyVerifies(t *testing.T) {
+	nstest.RequireRoot(t)
+	s := nstest.New(t, "fgverify")
+	old := elementsPerMessage
+	elementsPerMessage = 1 << 20
+	defer func() { elementsPerMessage = old }()
+	var hosts []string
+	for i := range 1500 {
+		hosts = append(hosts, fmt.Sprintf("2001:db8:%x::/48", i))
+	}
+	r := compile(t, gate.Spec{Mode: gate.Denylist, BlockedHosts: entries(hosts...)}, Params{Sandbox: "verify", UID: 1000})
+	err := Apply(s.Handle, r)
+	if err == nil || !strings.Contains(err.Error(), "holds another table") || !strings.Contains(err.Error(), "block6") {
+		t.Fatalf("Apply of a set the kernel takes in part: %v, want the read-back to refuse it", err)
+	}
+}
