@@ -24,7 +24,9 @@ func table() *nftables.Table {
 // effect or none; no other table is touched. Applying the same ruleset
 // twice leaves the same table. Learned addresses do not survive: the
 // learned sets start empty. The table is then read back: Apply fails if
-// the kernel holds anything else than r.
+// the kernel holds anything else than r, and leaves the table as the kernel
+// took it (the caller starts no data plane, so the agent's TCP and DNS are
+// refused); Remove or another Apply replaces it.
 func Apply(ns netns.NsHandle, r *Ruleset) error {
 	if !r.Exists() {
 		return errors.New("applying ruleset: empty ruleset")
