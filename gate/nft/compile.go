@@ -161,6 +161,15 @@ func (c *compiler) addSets(p *gate.Policy) {
 	}
 }
 
+// natPriority places flowgate's redirects before every nat chain at the
+// standard priority (dstnat, -100: iptables' nat OUTPUT, Docker's embedded
+// DNS rules in a container's namespace). Of two nat chains at one priority
+// the one registered last runs first and the first mapping wins, so at
+// -100 a table added after flowgate's could take the agent's DNS or TCP
+// past flowgate. It stays after the filter chain (mangle, -150), which
+// judges the original destination.
+const natPriority = nftables.ChainPriority(-110)
+
 func (c *compiler) addChains() {
 	proxied := c.mode.Proxied()
 	filter := &chain{name: ChainFilter, hook: &hookSpec{typ: nftables.ChainTypeFilter, hooknum: unix.NF_INET_LOCAL_OUT,
@@ -169,7 +178,7 @@ func (c *compiler) addChains() {
 	c.r.chains = append(c.r.chains, filter, &chain{name: ChainAgent, rules: c.agentRules()}, &chain{name: ChainRefuse, rules: c.refuseRules()})
 	if proxied {
 		nat := &chain{name: ChainNAT, hook: &hookSpec{typ: nftables.ChainTypeNAT, hooknum: unix.NF_INET_LOCAL_OUT,
-			prio: *nftables.ChainPriorityNATDest, policy: nftables.ChainPolicyAccept, hasPolicy: true}}
+			prio: natPriority, policy: nftables.ChainPolicyAccept, hasPolicy: true}}
 		nat.rules = c.owner(ChainAgentNAT, "redirect")
 		c.r.chains = append(c.r.chains, nat, &chain{name: ChainAgentNAT, rules: c.natRules()})
 	}

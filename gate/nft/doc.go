@@ -19,7 +19,7 @@
 //	    meta skuid 1000 -> jump agent
 //	agent          metadata -> refuse; loopback -> accept; then the mode
 //	refuse         tcp -> reset; anything else -> icmpx admin-prohibited
-//	output_nat     nat hook output, priority -100 (denylist, allowlist)
+//	output_nat     nat hook output, priority -110, before dstnat (denylist, allowlist)
 //	    meta skuid 1000 -> jump agent_nat
 //	agent_nat      DNS -> redirect to the DNS proxy; loopback -> return;
 //	               tcp -> redirect to the transparent proxy

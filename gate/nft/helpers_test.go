@@ -346,13 +346,19 @@ var lookupLine = regexp.MustCompile(`^(.*) \|([0-9.]+)$`)
 // what python printed and how long getaddrinfo took.
 func (tp *topo) lookup(uid uint32, name string, tcp bool) (string, time.Duration) {
 	tp.t.Helper()
-	conf := "nameserver " + pAddr4.String() + "\noptions timeout:2 attempts:1\n"
+	return tp.lookupVia(uid, name, pAddr4.String(), tcp)
+}
+
+// lookupVia is lookup with another nameserver in resolv.conf.
+func (tp *topo) lookupVia(uid uint32, name, server string, tcp bool) (string, time.Duration) {
+	tp.t.Helper()
+	conf := "nameserver " + server + "\noptions timeout:2 attempts:1\n"
 	file := "resolv-udp.conf"
 	if tcp {
 		conf += "options use-vc\n"
 		file = "resolv-tcp.conf"
 	}
-	path := filepath.Join(testDir(tp.t), file)
+	path := filepath.Join(testDir(tp.t), server+"-"+file)
 	if err := os.WriteFile(path, []byte(conf), 0o644); err != nil {
 		tp.t.Fatal(err)
 	}

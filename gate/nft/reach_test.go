@@ -2,6 +2,8 @@ package nft
 
 import (
 	"net/netip"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -232,4 +234,56 @@ func addrs(ss ...string) []netip.Addr {
 		out[i] = netip.MustParseAddr(s)
 	}
 	return out
+}
+
+// dockerDNSRuleset is what Docker puts in a container's namespace on a
+// user-defined network: queries to its embedded resolver 127.0.0.11:53 are
+// DNATed to the port it really listens on, by a nat chain at the standard
+// priority (iptables nat OUTPUT, -100).
+const dockerDNSRuleset = `table ip dockerlike {
+	chain out {
+		type nat hook output priority -100; policy accept;
+		ip daddr 127.0.0.11 udp dport 53 dnat to 127.0.0.11:5353
+		ip daddr 127.0.0.11 tcp dport 53 dnat to 127.0.0.11:5353
+	}
+}
+`
+
+// TestForeignNATChain: a nat chain of another table at the standard
+// priority (Docker's embedded DNS, there before flowgate attaches) must not
+// take the agent's DNS past flowgate's proxy: flowgate's redirect runs
+// first. Root's queries still reach the embedded resolver.
+func TestForeignNATChain(t *testing.T) {
+	nstest.RequireRoot(t)
+	tp := newTopo(t)
+	ports := gate.DefaultPorts
+	tp.standIns(ports)
+	dockerDNS4 := netip.MustParseAddr("192.0.2.111")
+	tp.serveDNS(tp.s, "udp", "127.0.0.11:5353", dockerDNS4, netip.MustParseAddr("2001:db8::111"))
+	tp.serveDNS(tp.s, "tcp", "127.0.0.11:5353", dockerDNS4, netip.MustParseAddr("2001:db8::111"))
+	foreign := filepath.Join(t.TempDir(), "dockerlike.nft")
+	if err := os.WriteFile(foreign, []byte(dockerDNSRuleset), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	nftRun(t, tp.s, "-f", foreign)
+	r := compile(t, gate.Spec{Mode: gate.Denylist}, Params{Sandbox: "foreign", UID: nstest.AgentUID, Ports: ports})
+	if err := Apply(tp.s.Handle, r); err != nil {
+		t.Fatal(err)
+	}
+	check := func(order string) {
+		t.Helper()
+		for _, tcp := range []bool{false, true} {
+			if got, _ := tp.lookupVia(nstest.AgentUID, "www.example.com", "127.0.0.11", tcp); !strings.HasPrefix(got, "ok ") || !strings.Contains(got, standDNS4.String()) {
+				t.Errorf("%s: agent's lookup through 127.0.0.11 (tcp %v): %q, want flowgate's answer %s", order, tcp, got, standDNS4)
+			}
+			if got, _ := tp.lookupVia(0, "www.example.com", "127.0.0.11", tcp); !strings.HasPrefix(got, "ok ") || !strings.Contains(got, dockerDNS4.String()) {
+				t.Errorf("%s: root's lookup through 127.0.0.11 (tcp %v): %q, want the embedded resolver's %s", order, tcp, got, dockerDNS4)
+			}
+		}
+	}
+	check("foreign table first")
+	// The other order: the foreign table comes back after flowgate's.
+	nftRun(t, tp.s, "delete", "table", "ip", "dockerlike")
+	nftRun(t, tp.s, "-f", foreign)
+	check("foreign table last")
 }

@@ -17,7 +17,7 @@ const (
 	ChainFilter   = "output_filter" // base chain: filter, hook output, priority mangle
 	ChainAgent    = "agent"         // the agent's verdicts
 	ChainRefuse   = "refuse"        // how a refusal is answered
-	ChainNAT      = "output_nat"    // base chain: nat, hook output, priority -100
+	ChainNAT      = "output_nat"    // base chain: nat, hook output, priority -110 (before dstnat)
 	ChainAgentNAT = "agent_nat"     // the agent's redirects
 )
 
