@@ -180,7 +180,25 @@ func (c *compiler) addChains() {
 		nat := &chain{name: ChainNAT, hook: &hookSpec{typ: nftables.ChainTypeNAT, hooknum: unix.NF_INET_LOCAL_OUT,
 			prio: natPriority, policy: nftables.ChainPolicyAccept, hasPolicy: true}}
 		nat.rules = c.owner(ChainAgentNAT, "redirect")
-		c.r.chains = append(c.r.chains, nat, &chain{name: ChainAgentNAT, rules: c.natRules()})
+		guard := &chain{name: ChainGuard, hook: &hookSpec{typ: nftables.ChainTypeFilter, hooknum: unix.NF_INET_LOCAL_OUT,
+			prio: *nftables.ChainPriorityFilter, policy: nftables.ChainPolicyAccept, hasPolicy: true}}
+		guard.rules = c.owner(ChainAgentGuard, "check")
+		c.r.chains = append(c.r.chains, nat, &chain{name: ChainAgentNAT, rules: c.natRules()},
+			guard, &chain{name: ChainAgentGuard, rules: c.guardRules()})
+	}
+}
+
+// guardRules run after NAT, in the proxied modes, where by then every TCP
+// and UDP packet of the agent's has been redirected to flowgate on
+// loopback. One that still goes elsewhere is refused: a connection that
+// conntrack tracked without NAT before the ruleset came (flowgate attached
+// to a running container), or one that a foreign nat chain mapped first.
+func (c *compiler) guardRules() []*rule {
+	return []*rule{
+		newRule(c.note("redirected or local (IPv4)")).daddrPrefix(loopback4).counter().ret().rule(),
+		newRule(c.note("redirected or local (IPv6)")).daddrPrefix(loopback6).counter().ret().rule(),
+		newRule(c.note("refuse TCP that was not redirected")).l4proto(protoTCP).counter().jump(ChainRefuse).rule(),
+		newRule(c.note("refuse UDP that was not redirected")).l4proto(protoUDP).counter().jump(ChainRefuse).rule(),
 	}
 }
 

@@ -23,4 +23,8 @@
 //	    meta skuid 1000 -> jump agent_nat
 //	agent_nat      DNS -> redirect to the DNS proxy; loopback -> return;
 //	               tcp -> redirect to the transparent proxy
+//	output_guard   filter hook output, priority filter (0), after NAT
+//	    meta skuid 1000 -> jump agent_guard
+//	agent_guard    loopback (redirected or local) -> return; TCP or UDP
+//	               to anywhere else -> refuse: it escaped the redirects
 package nft

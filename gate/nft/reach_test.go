@@ -1,6 +1,10 @@
 package nft
 
 import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -8,7 +12,10 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"flowgate/gate"
+	"flowgate/gate/netnsx"
 	"flowgate/gate/nstest"
 )
 
@@ -286,4 +293,117 @@ func TestForeignNATChain(t *testing.T) {
 	nftRun(t, tp.s, "delete", "table", "ip", "dockerlike")
 	nftRun(t, tp.s, "-f", foreign)
 	check("foreign table last")
+}
+
+// TestApplyCutsEarlierConnections: a TCP connection the agent opened
+// before the ruleset (flowgate attached to a running container) must not
+// keep flowing past flowgate.
+func TestApplyCutsEarlierConnections(t *testing.T) {
+	nstest.RequireRoot(t)
+	tp := newTopo(t)
+	ports := gate.DefaultPorts
+	tp.standIns(ports)
+	// An echo server in P.
+	l, err := netnsx.Listen(tp.p.Handle, "tcp4", "0.0.0.0:8081")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() { defer c.Close(); io.Copy(c, c) }()
+		}
+	}()
+	// Conntrack is on in the namespace before flowgate comes, as in a
+	// container of Docker's (its embedded-DNS nat rules): the connection
+	// below has a conntrack entry, without NAT.
+	foreign := filepath.Join(t.TempDir(), "dockerlike.nft")
+	if err := os.WriteFile(foreign, []byte(dockerDNSRuleset), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	nftRun(t, tp.s, "-f", foreign)
+	c := dialAs(t, tp.s, nstest.AgentUID, netip.AddrPortFrom(pAddr4, 8081))
+	defer c.Close()
+	echo := func(line string) error {
+		c.SetDeadline(time.Now().Add(3 * time.Second))
+		if _, err := io.WriteString(c, line+"\n"); err != nil {
+			return err
+		}
+		got, err := bufio.NewReader(c).ReadString('\n')
+		if err == nil && got != line+"\n" {
+			err = fmt.Errorf("echo %q, want %q", got, line)
+		}
+		return err
+	}
+	if err := echo("before"); err != nil {
+		t.Fatalf("the connection does not work before Apply: %v", err)
+	}
+	if err := Apply(tp.s.Handle, compile(t, gate.Spec{Mode: gate.Denylist}, Params{Sandbox: "cut", UID: nstest.AgentUID, Ports: ports})); err != nil {
+		t.Fatal(err)
+	}
+	if err := echo("after"); err == nil {
+		t.Fatal("a connection opened before Apply still reaches its server directly, past the transparent proxy")
+	}
+}
+
+// dialAs opens a TCP connection from inside ns whose socket belongs to
+// uid (its fsuid at creation, which nftables' skuid matches).
+func dialAs(t *testing.T, ns *nstest.NS, uid uint32, dst netip.AddrPort) net.Conn {
+	t.Helper()
+	var fd int
+	err := netnsx.Do(ns.Handle, func() error {
+		prev, err := unix.SetfsuidRetUid(int(uid))
+		if err != nil {
+			return err
+		}
+		defer unix.SetfsuidRetUid(prev)
+		fd, err = unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("socket as uid %d: %v", uid, err)
+	}
+	if err := unix.Connect(fd, &unix.SockaddrInet4{Port: int(dst.Port()), Addr: dst.Addr().As4()}); err != nil {
+		unix.Close(fd)
+		t.Fatalf("connect as uid %d to %s: %v", uid, dst, err)
+	}
+	f := os.NewFile(uintptr(fd), "dialas")
+	defer f.Close()
+	c, err := net.FileConn(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// TestGuardRefusesUnredirected: a foreign nat chain that runs before
+// flowgate's (priority -120) maps the agent's TCP itself, so flowgate's
+// redirect never applies; the guard chain, after NAT, refuses what leaves
+// for anywhere but loopback. Root is not matched.
+func TestGuardRefusesUnredirected(t *testing.T) {
+	nstest.RequireRoot(t)
+	tp := newTopo(t)
+	ports := gate.DefaultPorts
+	tp.standIns(ports)
+	const early = `table ip early {
+	chain out {
+		type nat hook output priority -120; policy accept;
+		ip daddr 192.0.2.1 tcp dport 80 dnat to 192.0.2.1:80
+	}
+}
+`
+	path := filepath.Join(t.TempDir(), "early.nft")
+	if err := os.WriteFile(path, []byte(early), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	nftRun(t, tp.s, "-f", path)
+	if err := Apply(tp.s.Handle, compile(t, gate.Spec{Mode: gate.Denylist}, Params{Sandbox: "guard", UID: nstest.AgentUID, Ports: ports})); err != nil {
+		t.Fatal(err)
+	}
+	tp.expect(nstest.AgentUID, map[string]string{tcpPeer4: refused, tcpPeer6: transparent("[2001:db8::1]:80")})
+	tp.expect(0, map[string]string{tcpPeer4: open[tcpPeer4]})
 }

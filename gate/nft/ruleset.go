@@ -14,11 +14,13 @@ const TableName = "flowgate"
 
 // The chains of the table.
 const (
-	ChainFilter   = "output_filter" // base chain: filter, hook output, priority mangle
-	ChainAgent    = "agent"         // the agent's verdicts
-	ChainRefuse   = "refuse"        // how a refusal is answered
-	ChainNAT      = "output_nat"    // base chain: nat, hook output, priority -110 (before dstnat)
-	ChainAgentNAT = "agent_nat"     // the agent's redirects
+	ChainFilter     = "output_filter" // base chain: filter, hook output, priority mangle
+	ChainAgent      = "agent"         // the agent's verdicts
+	ChainRefuse     = "refuse"        // how a refusal is answered
+	ChainNAT        = "output_nat"    // base chain: nat, hook output, priority -110 (before dstnat)
+	ChainAgentNAT   = "agent_nat"     // the agent's redirects
+	ChainGuard      = "output_guard"  // base chain: filter, hook output, priority filter, after NAT
+	ChainAgentGuard = "agent_guard"   // refuses the agent's packets that NAT did not redirect
 )
 
 // The named sets of the table.
