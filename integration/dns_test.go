@@ -6,6 +6,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
 	"flowgate/gate"
 	"flowgate/integration/simnet"
 )
@@ -156,5 +159,48 @@ func TestDNSNoNetwork(t *testing.T) {
 	}
 	if n := inet.Queries("pypi.org"); n != 0 {
 		t.Errorf("the simulated resolver got %d queries for pypi.org, want 0", n)
+	}
+}
+
+// TestUpstreamFlowsForgotten: flowgate's own upstream UDP sockets leave no
+// conntrack flow behind when they close. Such a flow has no NAT; an agent
+// socket that got its port from the kernel within the flow's half minute
+// would miss the redirect to flowgate and be refused by the guard chain.
+func TestUpstreamFlowsForgotten(t *testing.T) {
+	inet := startInternet(t)
+	s := newSandbox(t, inet)
+	h := s.attach(loadPolicy(t, denylistPolicy))
+	if r := s.goOne(s.env(false), "lookup", "pypi.org"); !r.OK {
+		t.Fatalf("lookup pypi.org: %+v", r)
+	}
+	ct, err := netlink.NewHandleAt(s.ns.Handle, unix.NETLINK_NETFILTER)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ct.Close()
+	resolver := simnet.Resolver.Addr().AsSlice()
+	// flowgate's upstream flows: to the resolver's port 53, not NATed (the
+	// reply comes from the resolver itself, not from a redirect).
+	upstreamFlows := func() int {
+		flows, err := ct.ConntrackTableList(netlink.ConntrackTable, unix.AF_INET)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, f := range flows {
+			if f.Forward.Protocol == unix.IPPROTO_UDP && f.Forward.DstPort == 53 && f.Forward.DstIP.Equal(resolver) && f.Reverse.SrcIP.Equal(resolver) {
+				n++
+			}
+		}
+		return n
+	}
+	if n := upstreamFlows(); n == 0 {
+		t.Fatal("no upstream flow while flowgate's sockets are open: the test cannot see them")
+	}
+	if err := h.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if n := upstreamFlows(); n != 0 {
+		t.Errorf("%d upstream flows left after flowgate closed its sockets, want 0", n)
 	}
 }

@@ -63,6 +63,7 @@ type Handle struct {
 	names    *gate.Names
 	learner  *nft.Learner
 	pool     *netnsx.Pool // upstream sockets, made inside the namespace
+	flows    *flowForgetter
 	dns      *dns.Server
 	sni      *sni.Server
 	closers  []io.Closer
@@ -174,9 +175,12 @@ func (h *Handle) startDataPlane(uid uint32) error {
 	}
 	h.pool = netnsx.NewPool(h.ns, 10*time.Second)
 	dial := h.pool.DialContext
+	if h.flows, err = newFlowForgetter(h.ns); err != nil {
+		return fmt.Errorf("opening conntrack in the namespace: %w", err)
+	}
 	record := h.recorder(uid)
 	h.dns, err = dns.New(dns.Config{
-		Policy: h.policy, Names: h.names, Upstreams: upstreams, Dial: dial,
+		Policy: h.policy, Names: h.names, Upstreams: upstreams, Dial: h.flows.dial(dial),
 		Record: record, Sandbox: h.opts.Sandbox, UID: uid, Logger: h.opts.Logger,
 	})
 	if err != nil {
@@ -302,6 +306,9 @@ func (h *Handle) Close() error {
 	h.wg.Wait()
 	if h.pool != nil {
 		errs = append(errs, h.pool.Close())
+	}
+	if h.flows != nil {
+		errs = append(errs, h.flows.Close())
 	}
 	if h.learner != nil {
 		errs = append(errs, h.learner.Close())

@@ -10,6 +10,8 @@ import (
 	"os"
 	"slices"
 	"time"
+
+	"github.com/miekg/dns"
 )
 
 // benchTry returns one try of a timing mode. For handshake it first
@@ -32,7 +34,42 @@ func benchTry(mode, target, sni, path, server string, tcp bool) func() result {
 	case "roundtrip":
 		return roundTrips(target)
 	default:
-		return func() result { return query(server, tcp, target, "A") }
+		return dnsTries(server, tcp, target)
+	}
+}
+
+// dnsTries returns a try that asks for name's A record on one connection
+// (UDP or TCP) kept for every try, as a stub with a long-lived socket
+// would: each try is one query and its answer. One socket keeps each path
+// of the benchmark to one conntrack flow, so no path's stale flow can
+// capture another's queries.
+func dnsTries(server string, tcp bool, name string) func() result {
+	network := "udp"
+	if tcp {
+		network = "tcp"
+	}
+	c, err := net.DialTimeout(network, server, timeout)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "connecting to %s: %v\n", server, err)
+		os.Exit(1)
+	}
+	conn := &dns.Conn{Conn: c}
+	cl := &dns.Client{Net: network, Timeout: timeout}
+	return func() result {
+		r := result{Target: name + " A"}
+		m := new(dns.Msg)
+		m.SetQuestion(dns.Fqdn(name), dns.TypeA)
+		m.SetEdns0(1232, false)
+		resp, _, err := cl.ExchangeWithConn(m, conn)
+		if err != nil {
+			return fail(r, err)
+		}
+		r.OK = resp.Rcode == dns.RcodeSuccess && len(resp.Answer) > 0
+		r.Rcode = dns.RcodeToString[resp.Rcode]
+		if !r.OK {
+			r.Kind, r.Err = "error", "no answer: "+r.Rcode
+		}
+		return r
 	}
 }
 
