@@ -195,7 +195,7 @@ func (c *compiler) addChains() {
 // to a running container), or one that a foreign nat chain mapped first.
 func (c *compiler) guardRules() []*rule {
 	return []*rule{
-		newRule(c.note("redirected or local (IPv4)")).daddrPrefix(loopback4).counter().ret().rule(),
+		newRule(c.note("redirected or local (IPv4)")).daddrPrefix(localhost4).counter().ret().rule(),
 		newRule(c.note("redirected or local (IPv6)")).daddrPrefix(loopback6).counter().ret().rule(),
 		newRule(c.note("refuse TCP that was not redirected")).l4proto(protoTCP).counter().jump(ChainRefuse).rule(),
 		newRule(c.note("refuse UDP that was not redirected")).l4proto(protoUDP).counter().jump(ChainRefuse).rule(),
@@ -215,6 +215,12 @@ func (c *compiler) owner(target, verb string) []*rule {
 var (
 	loopback4 = netip.MustParsePrefix("127.0.0.0/8")
 	loopback6 = netip.MustParsePrefix("::1/128")
+	// localhost4 is the one IPv4 loopback address the agent may use in the
+	// restricted modes: flowgate's and the model proxy's listeners and the
+	// agent's own local services are there. Other 127/8 addresses can
+	// hold other services of the namespace, such as Docker's embedded
+	// resolver at 127.0.0.11, a DNS path past flowgate.
+	localhost4 = netip.MustParsePrefix("127.0.0.1/32")
 )
 
 // agentRules are the verdicts for the agent's packets, seen with their
@@ -243,10 +249,16 @@ func (c *compiler) agentRules() []*rule {
 	}
 	rules = append(rules,
 		newRule(c.note("refuse cloud metadata (IPv4)")).daddrIn(SetMeta4, false).counter().jump(ChainRefuse).rule(),
-		newRule(c.note("refuse cloud metadata (IPv6)")).daddrIn(SetMeta6, true).counter().jump(ChainRefuse).rule(),
-		newRule(c.note(lo, "IPv4")).daddrPrefix(loopback4).counter().accept().rule(),
-		newRule(c.note(lo, "IPv6")).daddrPrefix(loopback6).counter().accept().rule(),
-	)
+		newRule(c.note("refuse cloud metadata (IPv6)")).daddrIn(SetMeta6, true).counter().jump(ChainRefuse).rule())
+	if c.mode == gate.Public {
+		rules = append(rules, newRule(c.note(lo, "IPv4")).daddrPrefix(loopback4).counter().accept().rule())
+	} else {
+		rules = append(rules,
+			newRule(c.note(lo, "127.0.0.1")).daddrPrefix(localhost4).counter().accept().rule(),
+			newRule(c.note("refuse the other loopback addresses (Docker's resolver at 127.0.0.11, say)")).
+				daddrPrefix(loopback4).counter().jump(ChainRefuse).rule())
+	}
+	rules = append(rules, newRule(c.note(lo, "IPv6")).daddrPrefix(loopback6).counter().accept().rule())
 	switch c.mode {
 	case gate.Public:
 		rules = append(rules, newRule(c.note("public: accept the rest")).counter().accept().rule())

@@ -17,7 +17,9 @@
 //	output_filter  filter hook output, priority mangle (-150): sees the
 //	               original destination, before NAT
 //	    meta skuid 1000 -> jump agent
-//	agent          metadata -> refuse; loopback -> accept; then the mode
+//	agent          metadata -> refuse; 127.0.0.1 and ::1 -> accept (in
+//	               public mode all of 127/8; in the others the rest of
+//	               127/8 is refused); then the mode
 //	refuse         tcp -> reset; anything else -> icmpx admin-prohibited
 //	output_nat     nat hook output, priority -110, before dstnat (denylist, allowlist)
 //	    meta skuid 1000 -> jump agent_nat
@@ -25,6 +27,7 @@
 //	               tcp -> redirect to the transparent proxy
 //	output_guard   filter hook output, priority filter (0), after NAT
 //	    meta skuid 1000 -> jump agent_guard
-//	agent_guard    loopback (redirected or local) -> return; TCP or UDP
-//	               to anywhere else -> refuse: it escaped the redirects
+//	agent_guard    127.0.0.1 or ::1 (redirected or local) -> return; TCP
+//	               or UDP to anywhere else -> refuse: it escaped the
+//	               redirects
 package nft

@@ -407,3 +407,35 @@ func TestGuardRefusesUnredirected(t *testing.T) {
 	tp.expect(nstest.AgentUID, map[string]string{tcpPeer4: refused, tcpPeer6: transparent("[2001:db8::1]:80")})
 	tp.expect(0, map[string]string{tcpPeer4: open[tcpPeer4]})
 }
+
+// TestOtherLoopback: in the restricted modes the agent's loopback is
+// 127.0.0.1 and ::1. Another 127/8 address can hold a service of the
+// namespace's that forwards (Docker's embedded resolver at 127.0.0.11, on
+// a port of its own): the agent is refused there, over TCP and UDP, while
+// root reaches it; in public mode the agent does too.
+func TestOtherLoopback(t *testing.T) {
+	nstest.RequireRoot(t)
+	tp := newTopo(t)
+	ports := gate.DefaultPorts
+	tp.standIns(ports)
+	const tcp11, udp11 = "tcp:127.0.0.11:5353", "udp:127.0.0.11:5353"
+	tp.serveTCP(tp.s, "tcp4", "127.0.0.11:5353", func(net.Conn) string { return "local11" })
+	tp.serveUDP(tp.s, "127.0.0.11:5353", "local11")
+	open11 := map[string]string{tcp11: "ok local11", udp11: "ok local11", tcpLocal4: open[tcpLocal4]}
+	parent := tp.t
+	defer func() { tp.t = parent }()
+	for _, mode := range []gate.Mode{gate.Public, gate.NoNetwork, gate.Denylist, gate.Allowlist} {
+		if err := Apply(tp.s.Handle, compile(t, gate.Spec{Mode: mode}, Params{Sandbox: "lo", UID: nstest.AgentUID, Ports: ports})); err != nil {
+			t.Fatal(err)
+		}
+		want := map[string]string{tcp11: refused, udp11: eperm, tcpLocal4: open[tcpLocal4]}
+		if mode == gate.Public {
+			want = open11
+		}
+		t.Run(mode.String(), func(t *testing.T) {
+			tp.t = t
+			tp.expect(nstest.AgentUID, want)
+			tp.expect(0, open11)
+		})
+	}
+}
