@@ -38,6 +38,7 @@ const (
 	ReasonBadRequest     Reason = "bad_request"      // malformed DNS message, ClientHello or HTTP request
 	ReasonLoop           Reason = "loop"             // a connection aimed at flowgate's own port
 	ReasonLimit          Reason = "limit"            // too many connections at once
+	ReasonLoopback       Reason = "loopback"         // a loopback address other than 127.0.0.1 and ::1 (can hold a forwarder)
 	ReasonTimeout        Reason = "timeout"          // the client sent too little in time
 	ReasonResolveFailed  Reason = "resolve_failed"   // the name could not be resolved to check the destination
 	ReasonUnsupported    Reason = "unsupported"      // a protocol or query type flowgate does not carry
@@ -50,7 +51,7 @@ func AllReasons() []Reason {
 		ReasonMetadata, ReasonNoNetwork, ReasonHostBlocked, ReasonURLBlocked, ReasonCIDRBlocked, ReasonNotAllowed,
 		ReasonUnknownAddress, ReasonAddressBlocked, ReasonAddrMismatch, ReasonNameMismatch, ReasonECH,
 		ReasonNeedsIntercept, ReasonDoHCanary, ReasonBadName, ReasonBadRequest, ReasonLoop, ReasonLimit,
-		ReasonTimeout, ReasonResolveFailed, ReasonUnsupported,
+		ReasonLoopback, ReasonTimeout, ReasonResolveFailed, ReasonUnsupported,
 	}
 }
 

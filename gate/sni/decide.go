@@ -245,6 +245,9 @@ func (s *Server) candidates(ctx context.Context, host gate.Host, port uint16) ([
 		if s.isLoop(ap, netip.AddrPort{}) {
 			return nil, gate.Deny(gate.ReasonLoop)
 		}
+		if otherLoopback(host.Addr) {
+			return nil, gate.Deny(gate.ReasonLoopback)
+		}
 		return []netip.AddrPort{ap}, gate.Decision{Allow: true}
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.DialTimeout)
@@ -268,6 +271,10 @@ func (s *Server) candidates(ctx context.Context, host gate.Host, port uint16) ([
 			refusal = gate.Deny(gate.ReasonLoop)
 			continue
 		}
+		if otherLoopback(a) {
+			refusal = gate.Deny(gate.ReasonLoopback)
+			continue
+		}
 		out = append(out, ap)
 	}
 	if len(out) == 0 {
@@ -287,4 +294,18 @@ func resolveRefusal(err error) gate.Decision {
 		return denied.Decision
 	}
 	return gate.Deny(gate.ReasonResolveFailed)
+}
+
+// otherLoopback reports an address flowgate does not dial for the agent:
+// a loopback address other than 127.0.0.1 and ::1, or an unspecified one.
+// The agent's own loopback is those two (nftables refuses it the rest);
+// the rest of 127/8 can hold the namespace's own forwarders, such as
+// Docker's embedded resolver at 127.0.0.11, which flowgate's root sockets
+// must not reach on the agent's behalf either.
+func otherLoopback(a netip.Addr) bool {
+	a = a.Unmap()
+	if a.IsUnspecified() {
+		return true
+	}
+	return a.IsLoopback() && a != netip.AddrFrom4([4]byte{127, 0, 0, 1}) && a != netip.IPv6Loopback()
 }

@@ -139,6 +139,7 @@ type loopFixture struct {
 
 // resolveTable is what the fake sandbox resolver answers.
 var resolveTable = map[string][]netip.Addr{
+	"lo11.example.net":    {netip.MustParseAddr("127.0.0.11")},
 	"example.com":         {addrCom, addrCom6},
 	"www.example.com":     {addrCom},
 	"example.org":         {addrOrg},

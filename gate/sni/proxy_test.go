@@ -38,6 +38,9 @@ func TestConnect(t *testing.T) {
 		{"unresolvable", "nx.example.com:443", denyBlocked, 502, gate.ReasonResolveFailed, ""},
 		{"IP literal learned", "198.51.100.10:443", allowCom, 200, gate.ReasonLearned, "198.51.100.10:443"},
 		{"IP literal unknown", "203.0.113.5:443", allowCom, 403, gate.ReasonUnknownAddress, ""},
+		{"another loopback address", "127.0.0.11:53", denyBlocked, 403, gate.ReasonLoopback, ""},
+		{"unspecified address", "0.0.0.0:8000", denyBlocked, 403, gate.ReasonLoopback, ""},
+		{"a name on another loopback address", "lo11.example.net:53", denyBlocked, 403, gate.ReasonLoopback, ""},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
