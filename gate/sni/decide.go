@@ -242,11 +242,8 @@ func (s *Server) decideTarget(host gate.Host, path string, hasPath bool) gate.De
 func (s *Server) candidates(ctx context.Context, host gate.Host, port uint16) ([]netip.AddrPort, gate.Decision) {
 	if host.IsAddr() {
 		ap := netip.AddrPortFrom(host.Addr, port)
-		if s.isLoop(ap, netip.AddrPort{}) {
-			return nil, gate.Deny(gate.ReasonLoop)
-		}
-		if otherLoopback(host.Addr) {
-			return nil, gate.Deny(gate.ReasonLoopback)
+		if r := s.local(ap); r != "" {
+			return nil, gate.Deny(r)
 		}
 		return []netip.AddrPort{ap}, gate.Decision{Allow: true}
 	}
@@ -267,12 +264,8 @@ func (s *Server) candidates(ctx context.Context, host gate.Host, port uint16) ([
 			continue
 		}
 		ap := netip.AddrPortFrom(a, port)
-		if s.isLoop(ap, netip.AddrPort{}) {
-			refusal = gate.Deny(gate.ReasonLoop)
-			continue
-		}
-		if otherLoopback(a) {
-			refusal = gate.Deny(gate.ReasonLoopback)
+		if r := s.local(ap); r != "" {
+			refusal = gate.Deny(r)
 			continue
 		}
 		out = append(out, ap)
@@ -296,16 +289,20 @@ func resolveRefusal(err error) gate.Decision {
 	return gate.Deny(gate.ReasonResolveFailed)
 }
 
-// otherLoopback reports an address flowgate does not dial for the agent:
-// a loopback address other than 127.0.0.1 and ::1, or an unspecified one.
+// local says why flowgate does not dial a destination on this host for
+// the agent: one of flowgate's own ports on loopback (loop), or a loopback
+// address other than 127.0.0.1 and ::1, or an unspecified one (loopback).
 // The agent's own loopback is those two (nftables refuses it the rest);
 // the rest of 127/8 can hold the namespace's own forwarders, such as
 // Docker's embedded resolver at 127.0.0.11, which flowgate's root sockets
-// must not reach on the agent's behalf either.
-func otherLoopback(a netip.Addr) bool {
-	a = a.Unmap()
-	if a.IsUnspecified() {
-		return true
+// must not reach on the agent's behalf either. "" for any other address.
+func (s *Server) local(ap netip.AddrPort) gate.Reason {
+	if s.isLoop(ap, netip.AddrPort{}) {
+		return gate.ReasonLoop
 	}
-	return a.IsLoopback() && a != netip.AddrFrom4([4]byte{127, 0, 0, 1}) && a != netip.IPv6Loopback()
+	a := ap.Addr().Unmap()
+	if a.IsUnspecified() || a.IsLoopback() && a != netip.AddrFrom4([4]byte{127, 0, 0, 1}) && a != netip.IPv6Loopback() {
+		return gate.ReasonLoopback
+	}
+	return ""
 }
