@@ -82,6 +82,10 @@ func Apply(ns netns.NsHandle, r *Ruleset) error {
 		}
 	}
 	if err := c.Flush(); err != nil {
+		if errors.Is(err, unix.EMSGSIZE) {
+			return fmt.Errorf("applying ruleset: it is larger than one netlink transaction may be (%d MiB); "+
+				"the policy has too many CIDR rules: merge them into wider prefixes: %w", maxBatch>>20, err)
+		}
 		return fmt.Errorf("applying ruleset: %w", err)
 	}
 	// The table is read back and compared: a ruleset the kernel took only
@@ -91,7 +95,9 @@ func Apply(ns netns.NsHandle, r *Ruleset) error {
 		return fmt.Errorf("applying ruleset: reading it back: %w", err)
 	}
 	if d := Diff(r, live); len(d) > 0 {
-		return fmt.Errorf("applying ruleset: the kernel holds another table than the one sent (%d differences; the first: %s)", len(d), d[0])
+		return fmt.Errorf("applying ruleset: the kernel holds another table than the one sent (%d differences; the first: %s); "+
+			"the table stays as the kernel took it: remove it (flowgate detach) and apply again, and if this repeats "+
+			"report it with the output of flowgate audit", len(d), d[0])
 	}
 	return nil
 }

@@ -7,8 +7,11 @@ import (
 	"sync"
 	"time"
 
+	"flowgate/gate"
+
 	"github.com/google/nftables"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 )
 
 // Learner adds addresses from allowed DNS answers to the learned sets of an
@@ -109,6 +112,11 @@ func (l *Learner) Add(addrs []netip.Addr, ttl time.Duration) error {
 		}
 	}
 	if err := l.conn.Flush(); err != nil {
+		if errors.Is(err, unix.ENFILE) {
+			// The kernel's word for a full set is "too many open files".
+			return fmt.Errorf("adding %d learned addresses: a learned set is full (%d addresses each); "+
+				"addresses leave it as their DNS TTL (at least %v) runs out: %w", len(e4)+len(e6), LearnedSetSize, gate.MinLearnTTL, err)
+		}
 		return fmt.Errorf("adding %d learned addresses: %w", len(e4)+len(e6), err)
 	}
 	for a, u := range updates {
