@@ -32,12 +32,13 @@ type throttleKey struct {
 }
 
 type throttled struct {
-	first Record // the last recorded one, the template of the summary
-	n     int    // refusals since it, not yet recorded
+	first Record // the burst's first refusal, the template of its summaries
+	n     int    // refusals of the current interval, not yet recorded
 	timer *time.Timer
 }
 
-// NewThrottle returns a throttle handing its records to rec.
+// NewThrottle returns a throttle handing its records to rec, which must not
+// be nil.
 func NewThrottle(rec Recorder, interval time.Duration) *Throttle {
 	return &Throttle{rec: rec, interval: interval, pending: make(map[throttleKey]*throttled)}
 }
@@ -45,9 +46,6 @@ func NewThrottle(rec Recorder, interval time.Duration) *Throttle {
 // Record records r now, or counts it when a record like it went out less
 // than the interval ago.
 func (t *Throttle) Record(r Record) {
-	if t.rec == nil {
-		return
-	}
 	k := throttleKey{r.Proto, r.Dest, r.Name, r.Verdict, r.Rule, r.Detail, r.Reason}
 	t.mu.Lock()
 	if p, ok := t.pending[k]; ok && !t.closed {

@@ -109,9 +109,3 @@ func TestThrottleCloseFlushes(t *testing.T) {
 		t.Errorf("records stand for %d refusals, want 4001", e)
 	}
 }
-
-func TestThrottleNilRecorder(t *testing.T) {
-	th := NewThrottle(nil, time.Millisecond)
-	th.Record(limitRecord("x"))
-	th.Close()
-}
