@@ -185,27 +185,20 @@ func TestRunInterrupted(t *testing.T) {
 	task, _ := writeProbeTask(t, "stopped", "allowlist", "  allowed_hosts:\n    - pypi.org\n", false, "")
 	script := filepath.Join(t.TempDir(), "sleeper.sh")
 	writeFile(t, script, "#!/bin/bash\necho agent running\nexec sleep 987657\n", 0o755)
-	p := startBench(t, nil, "run", "--simnet", "--json", "--state-dir", state, "--jobs-dir", jobs, "--job", "s",
-		task, "-a", "script:"+script)
-	var start struct {
-		Trial string `json:"trial"`
-	}
-	if err := json.Unmarshal([]byte(p.waitLine(t, `"trial_start"`, time.Minute)), &start); err != nil || start.Trial == "" {
-		t.Fatalf("trial_start event: %v", err)
-	}
-	waitAgent(t, start.Trial)
+	p, trial := startTrial(t, state, jobs, "s", task, script)
+	waitAgent(t, trial)
 	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
 	code, out, errs := p.wait(t)
-	if code != 1 || errs != "bench: trial "+start.Trial+" failed (see result.json)\n" {
+	if code != 1 || errs != "bench: trial "+trial+" failed (see result.json)\n" {
 		t.Errorf("bench after SIGTERM: exit %d, stderr %q", code, errs)
 	}
 	if !strings.Contains(out, `"event":"trial_end"`) {
 		t.Errorf("no trial_end event:\n%s", out)
 	}
 	var res resultJSON
-	readJSON(t, filepath.Join(start.Trial, "result.json"), &res)
+	readJSON(t, filepath.Join(trial, "result.json"), &res)
 	if res.Error == nil || !strings.HasPrefix(*res.Error, "agent: ") || !strings.Contains(*res.Error, "context canceled") || res.Reward != nil {
 		t.Errorf("result.json error %v, reward %v", res.Error, res.Reward)
 	}
@@ -228,16 +221,9 @@ func TestRunTampered(t *testing.T) {
 	task, _ := writeProbeTask(t, "tampered", "denylist", "  blocked_hosts:\n    - example.com\n", false, "")
 	script := filepath.Join(t.TempDir(), "waiter.sh")
 	writeFile(t, script, "#!/bin/bash\necho agent running\nsleep 2\n", 0o755)
-	p := startBench(t, nil, "run", "--simnet", "--json", "--state-dir", state, "--jobs-dir", jobs, "--job", "x",
-		task, "-a", "script:"+script)
-	var start struct {
-		Trial string `json:"trial"`
-	}
-	if err := json.Unmarshal([]byte(p.waitLine(t, `"trial_start"`, time.Minute)), &start); err != nil || start.Trial == "" {
-		t.Fatalf("trial_start event: %v", err)
-	}
-	waitAgent(t, start.Trial)
-	ns, err := netns.GetFromName("fg-t-" + start.Trial[len(start.Trial)-8:])
+	p, trial := startTrial(t, state, jobs, "x", task, script)
+	waitAgent(t, trial)
+	ns, err := netns.GetFromName("fg-t-" + trial[len(trial)-8:])
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -253,11 +239,11 @@ func TestRunTampered(t *testing.T) {
 		t.Fatalf("adding a chain to the sandbox's table: %v", err)
 	}
 	code, _, errs := p.wait(t)
-	if code != 1 || errs != "bench: trial "+start.Trial+" failed (see result.json)\n" {
+	if code != 1 || errs != "bench: trial "+trial+" failed (see result.json)\n" {
 		t.Errorf("bench: exit %d, stderr %q", code, errs)
 	}
 	var res resultJSON
-	readJSON(t, filepath.Join(start.Trial, "result.json"), &res)
+	readJSON(t, filepath.Join(trial, "result.json"), &res)
 	const want = "agent: the agent's ruleset was changed by someone else while it worked: the run is compromised"
 	if !res.Compromised || res.Error == nil || *res.Error != want {
 		t.Errorf("result.json compromised %v, error %v; want %q", res.Compromised, res.Error, want)
@@ -299,17 +285,10 @@ func testGCAfterKilledRun(t *testing.T, dropHost bool) {
 	script := filepath.Join(t.TempDir(), "sleeper.sh")
 	writeFile(t, script, "#!/bin/bash\necho agent running\nexec sleep 987659\n", 0o755)
 
-	p := startBench(t, nil, "run", "--simnet", "--json", "--state-dir", state, "--jobs-dir", jobs, "--job", "k",
-		task, "-a", "script:"+script)
-	var start struct {
-		Trial string `json:"trial"`
-	}
-	if err := json.Unmarshal([]byte(p.waitLine(t, `"trial_start"`, time.Minute)), &start); err != nil || start.Trial == "" {
-		t.Fatalf("trial_start event: %v", err)
-	}
+	p, trial := startTrial(t, state, jobs, "k", task, script)
 	p.waitLine(t, `"phase":"agent"`, time.Minute)
-	waitAgent(t, start.Trial)
-	sandbox := "t-" + start.Trial[len(start.Trial)-8:]
+	waitAgent(t, trial)
+	sandbox := "t-" + trial[len(trial)-8:]
 	sims, _ := filepath.Glob(filepath.Join(state, "simnet", "*", "record.json"))
 	if len(sims) != 1 {
 		t.Fatalf("simulated uplink records: %v", sims)
@@ -395,21 +374,36 @@ func testGCAfterKilledRun(t *testing.T, dropHost bool) {
 
 	// The trial folder stays, with whole files only.
 	var cfg configJSON
-	readJSON(t, filepath.Join(start.Trial, "config.json"), &cfg)
+	readJSON(t, filepath.Join(trial, "config.json"), &cfg)
 	if cfg.Sandbox.Name != sandbox {
 		t.Errorf("config.json of the killed trial: %+v", cfg.Sandbox)
 	}
-	if _, err := os.Stat(filepath.Join(start.Trial, "result.json")); !os.IsNotExist(err) {
+	if _, err := os.Stat(filepath.Join(trial, "result.json")); !os.IsNotExist(err) {
 		t.Errorf("a killed trial has a result.json: %v", err)
 	}
-	rs, _ := os.ReadFile(filepath.Join(start.Trial, "network", "ruleset.nft"))
+	rs, _ := os.ReadFile(filepath.Join(trial, "network", "ruleset.nft"))
 	if !strings.HasPrefix(string(rs), "table inet flowgate {\n") || !strings.HasSuffix(string(rs), "}\n") {
 		t.Errorf("ruleset.nft of the killed trial is not whole:\n%s", rs)
 	}
-	filepath.WalkDir(start.Trial, func(p string, e os.DirEntry, err error) error {
+	filepath.WalkDir(trial, func(p string, e os.DirEntry, err error) error {
 		if err == nil && strings.Contains(e.Name(), ".tmp") {
 			t.Errorf("temp file %s is left", p)
 		}
 		return nil
 	})
+}
+
+// startTrial runs bench run --simnet --json on task with the script agent
+// and returns the process and the trial folder its trial_start event names.
+func startTrial(t *testing.T, state, jobs, job, task, script string) (*benchProc, string) {
+	t.Helper()
+	p := startBench(t, nil, "run", "--simnet", "--json", "--state-dir", state, "--jobs-dir", jobs, "--job", job,
+		task, "-a", "script:"+script)
+	var start struct {
+		Trial string `json:"trial"`
+	}
+	if err := json.Unmarshal([]byte(p.waitLine(t, `"trial_start"`, time.Minute)), &start); err != nil || start.Trial == "" {
+		t.Fatalf("trial_start event: %v", err)
+	}
+	return p, start.Trial
 }
