@@ -14,23 +14,42 @@ import (
 )
 
 // flowForgetter deletes conntrack flows of flowgate's own upstream UDP
-// sockets in the sandbox's namespace when they close. Such a flow (from
+// sockets in the sandbox's namespace once they close. Such a flow (from
 // the sandbox's address and port to the resolver's port 53) has no NAT,
 // and stays in conntrack for half a minute after the socket is gone; if
 // the kernel gave one of the agent's sockets the same port meanwhile, the
 // agent's query would match the stale flow, miss the redirect to flowgate,
 // and be refused by the guard chain: a lookup that fails for no reason.
+//
+// Deleting is a dump of the namespace's conntrack table, so it is done off
+// the DNS path, by one goroutine, for every flow queued since its last
+// pass. A flow that finds the queue full is left to expire.
 type flowForgetter struct {
-	mu sync.Mutex
-	h  *netlink.Handle // in the sandbox's namespace
+	h     *netlink.Handle // in the sandbox's namespace
+	queue chan flowFilter
+	done  chan struct{}
+
+	mu     sync.Mutex
+	closed bool
 }
+
+// flowFilter picks one flow to delete from its family's table.
+type flowFilter struct {
+	family netlink.InetFamily
+	filter *netlink.ConntrackFilter
+}
+
+// forgetQueue bounds the flows waiting to be deleted.
+const forgetQueue = 1024
 
 func newFlowForgetter(ns netns.NsHandle) (*flowForgetter, error) {
 	h, err := netlink.NewHandleAt(ns, unix.NETLINK_NETFILTER)
 	if err != nil {
 		return nil, err
 	}
-	return &flowForgetter{h: h}, nil
+	f := &flowForgetter{h: h, queue: make(chan flowFilter, forgetQueue), done: make(chan struct{})}
+	go f.run()
+	return f, nil
 }
 
 // dial wraps next: the UDP conns it opens forget their flow on Close.
@@ -44,16 +63,16 @@ func (f *flowForgetter) dial(next gate.DialFunc) gate.DialFunc {
 	}
 }
 
-// forget deletes the conntrack flows from local to remote over UDP.
+// forget queues the deletion of the UDP flow from local to remote.
 func (f *flowForgetter) forget(local, remote net.Addr) {
 	l, ok1 := local.(*net.UDPAddr)
 	r, ok2 := remote.(*net.UDPAddr)
 	if !ok1 || !ok2 {
 		return
 	}
-	family := netlink.InetFamily(unix.AF_INET)
-	if l.IP.To4() == nil {
-		family = unix.AF_INET6
+	family := netlink.InetFamily(unix.AF_INET6)
+	if l.IP.To4() != nil {
+		family = unix.AF_INET
 	}
 	filter := &netlink.ConntrackFilter{}
 	if filter.AddProtocol(unix.IPPROTO_UDP) != nil ||
@@ -65,23 +84,56 @@ func (f *flowForgetter) forget(local, remote net.Addr) {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.h != nil {
-		f.h.ConntrackDeleteFilters(netlink.ConntrackTable, family, filter)
+	if f.closed {
+		return
+	}
+	select {
+	case f.queue <- flowFilter{family, filter}:
+	default:
 	}
 }
 
-// Close releases the netlink socket; later forgets do nothing.
+// run deletes the queued flows, all of those queued at once in one pass
+// over each family's table.
+func (f *flowForgetter) run() {
+	defer close(f.done)
+	for first := range f.queue {
+		batch := map[netlink.InetFamily][]netlink.CustomConntrackFilter{first.family: {first.filter}}
+	drain:
+		for {
+			select {
+			case x, ok := <-f.queue:
+				if !ok {
+					break drain
+				}
+				batch[x.family] = append(batch[x.family], x.filter)
+			default:
+				break drain
+			}
+		}
+		for family, filters := range batch {
+			f.h.ConntrackDeleteFilters(netlink.ConntrackTable, family, filters...)
+		}
+	}
+}
+
+// Close deletes what is queued, then releases the netlink socket; later
+// forgets do nothing.
 func (f *flowForgetter) Close() error {
 	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.h != nil {
-		f.h.Close()
-		f.h = nil
+	if f.closed {
+		f.mu.Unlock()
+		return nil
 	}
+	f.closed = true
+	close(f.queue)
+	f.mu.Unlock()
+	<-f.done
+	f.h.Close()
 	return nil
 }
 
-// forgetfulConn is an upstream UDP conn whose flow is deleted when it
+// forgetfulConn is an upstream UDP conn whose flow is forgotten when it
 // closes.
 type forgetfulConn struct {
 	net.Conn
