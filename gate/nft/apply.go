@@ -23,27 +23,53 @@ func table() *nftables.Table {
 // and added again with its sets, chains and rules. Either all of it takes
 // effect or none; no other table is touched. Applying the same ruleset
 // twice leaves the same table. Learned addresses do not survive: the
-// learned sets start empty. The table is then read back: Apply fails if
-// the kernel holds anything else than r, and leaves the table as the kernel
-// took it (the caller starts no data plane, so the agent's TCP and DNS are
-// refused); Remove or another Apply replaces it.
+// learned sets start empty. The table is then read back: if the kernel
+// holds anything else than r, Apply fails and replaces the table with the
+// same sandbox's no-network ruleset (verified the same way), so that a
+// part the kernel dropped cannot leave a hole: the agent has loopback and
+// nothing else until Remove or another Apply.
 func Apply(ns netns.NsHandle, r *Ruleset) error {
 	if !r.Exists() {
 		return errors.New("applying ruleset: empty ruleset")
 	}
+	d, err := apply(ns, r)
+	if err != nil || len(d) == 0 {
+		return err
+	}
+	msg := fmt.Sprintf("applying ruleset: the kernel holds another table than the one sent (%d differences; the first: %s)", len(d), d[0])
+	const report = "if this repeats, report it with the output of flowgate audit"
+	if r.lockdown == nil {
+		return fmt.Errorf("%s; the table stays as the kernel took it: remove it (flowgate detach) and apply again; %s", msg, report)
+	}
+	ld, err := apply(ns, r.lockdown)
+	switch {
+	case err != nil:
+		return fmt.Errorf("%s, and replacing it with the no-network table failed too (%v); the table stays as the kernel took it: "+
+			"remove it (flowgate detach) and apply again; %s", msg, err, report)
+	case len(ld) > 0:
+		return fmt.Errorf("%s, and the no-network table put in its place came back different too (the first: %s); "+
+			"remove it (flowgate detach) and apply again; %s", msg, ld[0], report)
+	}
+	return fmt.Errorf("%s; it was replaced with the no-network table (the agent has loopback only): apply again, "+
+		"or remove it (flowgate detach); %s", msg, report)
+}
+
+// apply replaces the table with r in one transaction, reads it back and
+// returns how the live table differs from r.
+func apply(ns netns.NsHandle, r *Ruleset) ([]Difference, error) {
 	var cgroupID uint64
 	if r.cgroup != "" {
 		m, err := findCgroup2()
 		if err != nil {
-			return fmt.Errorf("applying ruleset: %w", err)
+			return nil, fmt.Errorf("applying ruleset: %w", err)
 		}
 		if cgroupID, err = m.cgroupID(r.cgroup); err != nil {
-			return fmt.Errorf("applying ruleset: %w", err)
+			return nil, fmt.Errorf("applying ruleset: %w", err)
 		}
 	}
 	c, err := dial(ns)
 	if err != nil {
-		return fmt.Errorf("applying ruleset: %w", err)
+		return nil, fmt.Errorf("applying ruleset: %w", err)
 	}
 	defer closeLater(c)
 	t := table()
@@ -55,11 +81,11 @@ func Apply(ns netns.NsHandle, r *Ruleset) error {
 		ks := &nftables.Set{Table: t, ID: uint32(i + 1), Name: s.name, KeyType: s.keyType, Interval: s.interval, HasTimeout: s.timeout, Size: s.size}
 		ids[s.name] = ks.ID
 		if err := c.AddSet(ks, nil); err != nil {
-			return fmt.Errorf("applying ruleset: set %s: %w", s.name, err)
+			return nil, fmt.Errorf("applying ruleset: set %s: %w", s.name, err)
 		}
 		if s.interval {
 			if err := addElements(c, ks, kernelElements(s.elems)); err != nil {
-				return fmt.Errorf("applying ruleset: set %s: %w", s.name, err)
+				return nil, fmt.Errorf("applying ruleset: set %s: %w", s.name, err)
 			}
 		}
 	}
@@ -83,23 +109,18 @@ func Apply(ns netns.NsHandle, r *Ruleset) error {
 	}
 	if err := c.Flush(); err != nil {
 		if errors.Is(err, unix.EMSGSIZE) {
-			return fmt.Errorf("applying ruleset: it is larger than one netlink transaction may be (%d MiB); "+
+			return nil, fmt.Errorf("applying ruleset: it is larger than one netlink transaction may be (%d MiB); "+
 				"the policy has too many CIDR rules: merge them into wider prefixes: %w", maxBatch>>20, err)
 		}
-		return fmt.Errorf("applying ruleset: %w", err)
+		return nil, fmt.Errorf("applying ruleset: %w", err)
 	}
 	// The table is read back and compared: a ruleset the kernel took only
 	// in part, whatever the reason, must not pass for applied.
 	live, err := Read(ns)
 	if err != nil {
-		return fmt.Errorf("applying ruleset: reading it back: %w", err)
+		return nil, fmt.Errorf("applying ruleset: reading it back: %w", err)
 	}
-	if d := Diff(r, live); len(d) > 0 {
-		return fmt.Errorf("applying ruleset: the kernel holds another table than the one sent (%d differences; the first: %s); "+
-			"the table stays as the kernel took it: remove it (flowgate detach) and apply again, and if this repeats "+
-			"report it with the output of flowgate audit", len(d), d[0])
-	}
-	return nil
+	return Diff(r, live), nil
 }
 
 // kernelExprs copies a rule's expressions with what only Apply knows: the

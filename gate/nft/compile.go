@@ -124,6 +124,18 @@ func Compile(p *gate.Policy, params Params) (*Ruleset, error) {
 			}
 		}
 	}
+	if p.Mode != gate.NoNetwork {
+		// What Apply puts in place of a table the kernel took only in
+		// part: the same sandbox in no-network mode, which refuses the
+		// agent everything but loopback.
+		none, err := gate.Compile(gate.Spec{Mode: gate.NoNetwork})
+		if err != nil {
+			return nil, fmt.Errorf("compiling ruleset: the no-network fallback: %w", err)
+		}
+		if c.r.lockdown, err = Compile(none, params); err != nil {
+			return nil, err
+		}
+	}
 	return c.r, nil
 }
 

@@ -67,6 +67,11 @@ type Ruleset struct {
 	// cgroupNames names the cgroup ids that rules compare with. Compiled
 	// rulesets carry the placeholder id 0 until Apply.
 	cgroupNames map[uint64]string
+
+	// lockdown is the same sandbox's no-network ruleset, which Apply puts
+	// in place when the kernel took this one only in part (nil for a
+	// no-network ruleset and for one Read returns).
+	lockdown *Ruleset
 }
 
 // Exists reports whether the table exists: false for a Ruleset that Read

@@ -520,7 +520,8 @@ const manyCIDRs = 20000
 
 // TestApplyVerifies: with elements sent in one oversized message again (the
 // old bug), the kernel takes a set only in part; Apply reads the table
-// back and fails instead of passing it for applied.
+// back and fails instead of passing it for applied, and leaves the
+// no-network table in its place.
 func TestApplyVerifies(t *testing.T) {
 	nstest.RequireRoot(t)
 	s := nstest.New(t, "fgverify")
@@ -535,5 +536,17 @@ func TestApplyVerifies(t *testing.T) {
 	err := Apply(s.Handle, r)
 	if err == nil || !strings.Contains(err.Error(), "holds another table") || !strings.Contains(err.Error(), "block6") {
 		t.Fatalf("Apply of a set the kernel takes in part: %v, want the read-back to refuse it", err)
+	}
+	if !strings.Contains(err.Error(), "replaced with the no-network table") {
+		t.Errorf("Apply's error %q does not say what stands in place of the table", err)
+	}
+	// What stands is the same sandbox's no-network table, whole.
+	live, err := Read(s.Handle)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := compile(t, gate.Spec{Mode: gate.NoNetwork}, Params{Sandbox: "verify", UID: 1000})
+	if d := Diff(want, live); len(d) > 0 {
+		t.Errorf("after a failed verification the table is not the no-network one: %d differences, the first: %s", len(d), d[0])
 	}
 }
