@@ -100,6 +100,12 @@ func (p *Policy) NeedsIntercept(h Host) bool {
 	return p.Mode == Denylist && p.URLs.HasRules(h.String())
 }
 
+// InterceptRefusal is the refusal of HTTPS to a host that NeedsIntercept,
+// naming the first blocked_urls rule that covers it.
+func (p *Policy) InterceptRefusal(h Host) Decision {
+	return deny(ReasonNeedsIntercept, p.URLs.First(h.String()))
+}
+
 // Target decides what `flowgate check` is given: a host, "host:port", or an
 // http(s) URL (its query is ignored), without touching the network, as the
 // gateway of this build would. An https URL to a host that blocked_urls
@@ -133,7 +139,7 @@ func (p *Policy) Target(t string) (Decision, error) {
 	}
 	d := p.Request(h, path)
 	if d.Allow && strings.EqualFold(u.Scheme, "https") && p.NeedsIntercept(h) {
-		return Deny(ReasonNeedsIntercept), nil
+		return p.InterceptRefusal(h), nil
 	}
 	return d, nil
 }

@@ -325,6 +325,14 @@ func (s *URLSet) HasRules(host string) bool {
 	return found
 }
 
+// First returns the first URL rule that applies to the canonical host (the
+// host's own before its parent domains'), or nil.
+func (s *URLSet) First(host string) *Rule {
+	var first *Rule
+	s.forHost(host, func(l []*Rule) bool { first = l[0]; return false })
+	return first
+}
+
 // Match returns the first URL rule covering the canonical host and
 // canonical path, or nil.
 func (s *URLSet) Match(host, canonicalPath string) *Rule {

@@ -213,7 +213,7 @@ func TestTargetErrors(t *testing.T) {
 // TestTargetNeedsIntercept: check answers as this build's gateway does,
 // which refuses HTTPS to a host that URL rules cover (no interception).
 func TestTargetNeedsIntercept(t *testing.T) {
-	p := mustCompile(t, Spec{Mode: Denylist, BlockedURLs: entries("sandbox.blocked_urls", "http://example.org/papers/x")})
+	p := mustCompile(t, Spec{Mode: Denylist, BlockedURLs: entries("sandbox.blocked_urls", "http://example.org/papers/x", "http://www.example.org/y")})
 	tests := []struct {
 		target string
 		reason Reason
@@ -231,6 +231,17 @@ func TestTargetNeedsIntercept(t *testing.T) {
 		d, err := p.Target(tt.target)
 		if err != nil || d.Reason != tt.reason || d.Allow != (tt.reason == ReasonNotBlocked) {
 			t.Errorf("Target(%q) = %s/%s, %v; want %s", tt.target, d.Verdict(), d.Reason, err, tt.reason)
+		}
+	}
+	// A needs_intercept refusal names the rule that covers the host: the
+	// host's own before its parent domain's.
+	for target, want := range map[string]string{
+		"https://example.org/other":     "sandbox.blocked_urls[0] http://example.org/papers/x",
+		"https://www.example.org/":      "sandbox.blocked_urls[1] http://www.example.org/y",
+		"https://cdn.www.example.org/z": "sandbox.blocked_urls[1] http://www.example.org/y",
+	} {
+		if d, _ := p.Target(target); d.Reason != ReasonNeedsIntercept || d.Rule.String() != want {
+			t.Errorf("Target(%q) = %s by %q, want needs_intercept by %q", target, d.Reason, d.Rule, want)
 		}
 	}
 }

@@ -49,7 +49,7 @@ func TestCheck(t *testing.T) {
 			"https://example.org/papers/x/page.pdf", "https://example.org/papers/xy", "http://example.org/papers/xy", "HTTP://EXAMPLE.ORG/a/../papers/x",
 			"cdn.mirror.example.net:443", "198.51.100.9", "169.254.169.254", "use-application-dns.net", "pypi.org"}, 1,
 			`deny   https://example.org/papers/x/page.pdf  reason=url_blocked      rule=blocked_urls[0] https://example.org/papers/x
-deny   https://example.org/papers/xy          reason=needs_intercept  rule=default
+deny   https://example.org/papers/xy          reason=needs_intercept  rule=blocked_urls[0] https://example.org/papers/x
 allow  http://example.org/papers/xy           reason=not_blocked      rule=default
 deny   HTTP://EXAMPLE.ORG/a/../papers/x       reason=url_blocked      rule=blocked_urls[0] https://example.org/papers/x
 deny   cdn.mirror.example.net:443             reason=host_blocked     rule=blocked_hosts[0] mirror.example.net

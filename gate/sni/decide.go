@@ -145,7 +145,7 @@ func (s *Server) decideTLS(ctx context.Context, h *tls.ClientHelloInfo, dst neti
 	}
 	nd := p.Name(host.Name)
 	if nd.Allow && p.NeedsIntercept(host) {
-		return gate.Deny(gate.ReasonNeedsIntercept), host.Name
+		return p.InterceptRefusal(host), host.Name
 	}
 	return s.decideBound(ctx, host.Name, nd, dst), host.Name
 }
@@ -159,8 +159,8 @@ func (s *Server) decideNoName(dst netip.Addr) gate.Decision {
 		return d
 	}
 	for _, n := range s.namesOf(dst) {
-		if s.cfg.Policy.NeedsIntercept(gate.Host{Name: n}) {
-			return gate.Deny(gate.ReasonNeedsIntercept)
+		if h := (gate.Host{Name: n}); s.cfg.Policy.NeedsIntercept(h) {
+			return s.cfg.Policy.InterceptRefusal(h)
 		}
 	}
 	return d
@@ -228,7 +228,7 @@ func (s *Server) decideTarget(host gate.Host, path string, hasPath bool) gate.De
 	}
 	d := p.Name(host.Name)
 	if d.Allow && p.NeedsIntercept(host) {
-		return gate.Deny(gate.ReasonNeedsIntercept)
+		return p.InterceptRefusal(host)
 	}
 	return d
 }
