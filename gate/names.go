@@ -144,6 +144,21 @@ func (n *Names) Has(name string, a netip.Addr) bool {
 	return ok && exp.After(n.now())
 }
 
+// Expires returns when the first of name's live addresses expires; false
+// when it has none.
+func (n *Names) Expires(name string) (time.Time, bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	now := n.now()
+	var first time.Time
+	for _, exp := range n.byName[name] {
+		if exp.After(now) && (first.IsZero() || exp.Before(first)) {
+			first = exp
+		}
+	}
+	return first, !first.IsZero()
+}
+
 // NamesOf returns the names a currently belongs to.
 func (n *Names) NamesOf(a netip.Addr) []string {
 	a = a.Unmap().WithZone("")

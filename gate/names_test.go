@@ -42,7 +42,19 @@ func TestNamesLearnAndExpire(t *testing.T) {
 	if !slices.Equal(got, []string{"blocked.example.net", "example.com"}) {
 		t.Fatalf("NamesOf = %v", got)
 	}
+	if exp, ok := n.Expires("example.com"); !ok || !exp.Equal(now.Add(MinLearnTTL)) {
+		t.Fatalf("Expires(example.com) = %v, %v; want %v", exp, ok, now.Add(MinLearnTTL))
+	}
+	if _, ok := n.Expires("example.org"); ok {
+		t.Fatal("Expires of a name never learned reports a time")
+	}
 	now = now.Add(31 * time.Second)
+	if _, ok := n.Expires("example.com"); ok {
+		t.Fatal("Expires of a name whose addresses expired reports a time")
+	}
+	if exp, ok := n.Expires("blocked.example.net"); !ok || !exp.Equal(time.Unix(1000, 0).Add(time.Hour)) {
+		t.Fatalf("Expires(blocked.example.net) = %v, %v; want an hour after learning", exp, ok)
+	}
 	if n.Has("example.com", a1) {
 		t.Fatal("entry did not expire")
 	}

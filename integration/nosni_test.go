@@ -2,7 +2,6 @@ package integration
 
 import (
 	"testing"
-	"time"
 
 	"github.com/miekg/dns"
 
@@ -55,13 +54,16 @@ func TestNoSNIAllowlist(t *testing.T) {
 }
 
 // TestNoSNIDenylist connects by address with no SNI in denylist: an
-// address of a blocked host is refused once flowgate knows it
-// (address_blocked), which it learns in the background from the agent's
-// refused lookup; other addresses pass.
+// address of a blocked host is refused (address_blocked) and one of a host
+// whose paths blocked_urls restricts is refused (needs_intercept), though
+// the agent never looked either name up: flowgate resolved the names its
+// policy spells out when it attached, so an agent that finds the address
+// elsewhere (DNS over HTTPS through an allowed host) is refused the same
+// way. Other addresses pass.
 func TestNoSNIDenylist(t *testing.T) {
 	inet := startInternet(t)
 	s := newSandbox(t, inet)
-	s.attach(loadPolicy(t, denylistPolicy))
+	s.attach(loadPolicy(t, denylistPolicy+"blocked_urls:\n  - http://pypi.org/private/\n"))
 	env := s.env(false)
 
 	mark := s.log.mark()
@@ -70,39 +72,28 @@ func TestNoSNIDenylist(t *testing.T) {
 	}
 	s.wantAllowed(t, mark, allow(gate.ProtoTLS, "192.0.2.20:443", "", gate.ReasonNotBlocked, ruleDefault))
 
-	if r := s.goOne(env, "lookup", "example.com"); r.Kind != "nxdomain" {
-		t.Fatalf("lookup example.com: %+v, want NXDOMAIN", r)
-	}
-	// The refusal started a background lookup of example.com; wait until
-	// the simulated resolver has answered it.
-	deadline := time.Now().Add(10 * time.Second)
-	for inet.QueriesOf("example.com", dns.TypeA) == 0 || inet.QueriesOf("example.com", dns.TypeAAAA) == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("flowgate never looked up the blocked name example.com")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 	mark = s.log.mark()
-	var r result
-	for {
-		// The answer is on its way into flowgate's table; until it lands a
-		// try still passes.
-		r = s.goOne(env, "tls", "-sni", "", example4+":443")
-		if !r.OK || time.Now().After(deadline) {
-			break
+	for _, c := range []struct{ dest, want string }{
+		{example4 + ":443", "tls_access_denied"},
+		{"[2001:db8::10]:443", "tls_access_denied"},
+		{pypi4 + ":443", "tls_access_denied"},
+	} {
+		if r := s.goOne(env, "tls", "-sni", "", c.dest); r.Kind != c.want {
+			t.Errorf("%s, never looked up by the agent: %+v, want %s", c.dest, r, c.want)
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if r.Kind != "tls_access_denied" {
-		t.Errorf("example.com's address after its lookup: %+v, want access_denied", r)
-	}
-	r = s.goOne(env, "tls", "-sni", "", "[2001:db8::10]:443")
-	if r.Kind != "tls_access_denied" {
-		t.Errorf("example.com's IPv6 address after its lookup: %+v, want access_denied", r)
 	}
 	s.wantDenials(t, mark,
 		deny(gate.ProtoTLS, example4+":443", "", gate.ReasonAddressBlocked, ruleBlockExample),
-		deny(gate.ProtoTLS, "[2001:db8::10]:443", "", gate.ReasonAddressBlocked, ruleBlockExample))
+		deny(gate.ProtoTLS, "[2001:db8::10]:443", "", gate.ReasonAddressBlocked, ruleBlockExample),
+		deny(gate.ProtoTLS, pypi4+":443", "", gate.ReasonNeedsIntercept, "blocked_urls[0] http://pypi.org/private/"))
+	for _, q := range []struct {
+		name  string
+		qtype uint16
+	}{{"example.com", dns.TypeA}, {"example.com", dns.TypeAAAA}, {"pypi.org", dns.TypeA}} {
+		if inet.QueriesOf(q.name, q.qtype) == 0 {
+			t.Errorf("flowgate never looked up %s %s", q.name, dns.TypeToString[q.qtype])
+		}
+	}
 	// Plain TCP and HTTP to that address are judged by it too.
 	mark = s.log.mark()
 	if r := s.goClient(env, "http", "-host", example4, example4+":80"); r[0].Status != 403 || r[0].Reason != string(gate.ReasonAddressBlocked) {

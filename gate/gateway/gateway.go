@@ -186,6 +186,7 @@ func (h *Handle) startDataPlane(uid uint32) error {
 	if err != nil {
 		return fmt.Errorf("starting DNS proxy: %w", err)
 	}
+	h.keepBlockedResolved()
 	ports := h.opts.Ports
 	h.sni, err = sni.New(sni.Config{
 		Policy: h.policy, Names: h.names, Resolve: h.dns.Resolve, Dial: dial,
@@ -205,6 +206,33 @@ func (h *Handle) startDataPlane(uid uint32) error {
 		}
 	}
 	return nil
+}
+
+// keepWait bounds how long Attach waits for the first lookups of a
+// denylist's blocked names.
+const keepWait = 2 * time.Second
+
+// keepBlockedResolved has the DNS proxy resolve a denylist's blocked names
+// ahead of the agent (dns.Server.KeepBlockedResolved) and waits, at most
+// keepWait, until each was tried once: the agent's traffic is refused until
+// the listeners open, so a connection by address to a blocked host made
+// right after Attach is judged with its addresses known.
+func (h *Handle) keepBlockedResolved() {
+	ready, kept, skipped := h.dns.KeepBlockedResolved()
+	log := h.opts.Logger.With("sandbox", h.opts.Sandbox)
+	if skipped > 0 {
+		log.Warn("too many blocked names to keep resolved; the rest are looked up when the agent asks for them",
+			"kept", kept, "not_kept", skipped)
+	}
+	if kept == 0 {
+		return
+	}
+	select {
+	case <-ready:
+		log.Debug("blocked names resolved", "names", kept)
+	case <-time.After(keepWait):
+		log.Warn("blocked names not all resolved yet; attaching anyway, the lookups go on", "names", kept, "waited", keepWait)
+	}
 }
 
 // listenFamily opens the DNS (UDP and TCP), transparent and proxy listeners
