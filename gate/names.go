@@ -15,8 +15,12 @@ const (
 )
 
 // DefaultMaxNames bounds the table. When full, expired entries go first,
-// then arbitrary ones: the table is a cache, and every check that misses it
-// resolves the name again.
+// then arbitrary ones: for most names the table is a cache, and every check
+// that misses it resolves the name again. Not so for what it knows of
+// refused names (an address known to belong to a blocked host is refused
+// with no name sent, and nothing resolves it again at that moment), so
+// names that Protect covers are evicted only to make room for each other,
+// and pinned names never (see Protect and Pin).
 const DefaultMaxNames = 65536
 
 // Names is the table of names and the addresses they resolved to through the
@@ -30,7 +34,20 @@ type Names struct {
 	max    int
 	now    func() time.Time
 	push   func([]netip.Addr, time.Duration) error
+
+	protect func(name string) bool // nil: nothing is protected
+	pinned  map[string]bool
+	// The names in byName by class, so that eviction finds its victims
+	// without walking the whole table: unprotected, protected (pinned
+	// ones included).
+	plain, kept map[string]struct{}
+	// swept is when expired entries were last dropped to make room; a full
+	// table is swept at most once per sweepEvery.
+	swept time.Time
 }
+
+// sweepEvery bounds how often a full table is walked for expired entries.
+const sweepEvery = time.Second
 
 // NewNames returns an empty table. push, if not nil, is called by Learn for
 // addresses of allowed names, before Learn returns, so that the kernel admits
@@ -39,9 +56,40 @@ func NewNames(push func(addrs []netip.Addr, ttl time.Duration) error) *Names {
 	return &Names{
 		byName: make(map[string]map[netip.Addr]time.Time),
 		byAddr: make(map[netip.Addr]map[string]time.Time),
+		plain:  make(map[string]struct{}),
+		kept:   make(map[string]struct{}),
 		max:    DefaultMaxNames,
 		now:    time.Now,
 		push:   push,
+	}
+}
+
+// Protect says which names' entries survive a full table: when the table
+// is full, a new name evicts only names protect reports false for; a
+// protected new name may evict protected ones too (never pinned ones). So
+// an agent that resolves many names cannot push out what is known of the
+// refused ones. When nothing may go, the new name is not recorded (Learn
+// still succeeds; checks that miss resolve again). Call it before use.
+func (n *Names) Protect(protect func(name string) bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.protect = protect
+}
+
+// Pin marks names whose entries are never evicted for room (they still
+// expire): the few names kept resolved ahead of the agent.
+func (n *Names) Pin(names ...string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.pinned == nil {
+		n.pinned = make(map[string]bool, len(names))
+	}
+	for _, name := range names {
+		n.pinned[name] = true
+		if _, ok := n.plain[name]; ok {
+			delete(n.plain, name)
+			n.kept[name] = struct{}{}
+		}
 	}
 }
 
@@ -73,13 +121,18 @@ func (n *Names) Learn(name string, addrs []netip.Addr, ttl time.Duration, allowe
 	defer n.mu.Unlock()
 	now := n.now()
 	exp := now.Add(ttl)
-	if _, ok := n.byName[name]; !ok && len(n.byName) >= n.max {
-		n.evictLocked(now)
+	if _, ok := n.byName[name]; !ok && len(n.byName) >= n.max && !n.evictLocked(now, n.protectedLocked(name)) {
+		return nil // full of names that must stay
 	}
 	m := n.byName[name]
 	if m == nil {
 		m = make(map[netip.Addr]time.Time, len(clean))
 		n.byName[name] = m
+		if n.protectedLocked(name) {
+			n.kept[name] = struct{}{}
+		} else {
+			n.plain[name] = struct{}{}
+		}
 	}
 	for _, a := range clean {
 		if m[a].Before(exp) {
@@ -97,24 +150,61 @@ func (n *Names) Learn(name string, addrs []netip.Addr, ttl time.Duration, allowe
 	return nil
 }
 
-// evictLocked drops expired entries, then, if still full, one in eight.
-func (n *Names) evictLocked(now time.Time) {
-	for name, m := range n.byName {
-		for a, exp := range m {
-			if !exp.After(now) {
-				n.dropLocked(name, a)
+// Protected reports whether a full table keeps name's entries from other
+// names (Protect), and Pinned whether it keeps them always (Pin).
+func (n *Names) Protected(name string) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.protectedLocked(name)
+}
+
+// Pinned: see Protected.
+func (n *Names) Pinned(name string) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.pinned[name]
+}
+
+func (n *Names) protectedLocked(name string) bool {
+	return n.pinned[name] || (n.protect != nil && n.protect(name))
+}
+
+// evictLocked drops expired entries (at most once per sweepEvery), then,
+// if still full, one name in eight: unprotected names, or, when there are
+// none and the name making room is protected, protected ones; never pinned
+// ones. It reports whether there is room.
+func (n *Names) evictLocked(now time.Time, forProtected bool) bool {
+	if now.Sub(n.swept) >= sweepEvery || now.Before(n.swept) {
+		n.swept = now
+		for name, m := range n.byName {
+			for a, exp := range m {
+				if !exp.After(now) {
+					n.dropLocked(name, a)
+				}
 			}
 		}
 	}
 	if len(n.byName) < n.max {
-		return
+		return true
 	}
-	drop := max(n.max/8, 1)
-	for name, m := range n.byName {
-		for a := range m {
+	n.dropNamesLocked(n.plain, max(n.max/8, 1))
+	if len(n.byName) >= n.max && forProtected {
+		n.dropNamesLocked(n.kept, max(n.max/8, 1))
+	}
+	return len(n.byName) < n.max
+}
+
+// dropNamesLocked drops up to count names of class (plain or kept) that
+// are not pinned.
+func (n *Names) dropNamesLocked(class map[string]struct{}, count int) {
+	for name := range class {
+		if n.pinned[name] {
+			continue
+		}
+		for a := range n.byName[name] {
 			n.dropLocked(name, a)
 		}
-		if drop--; drop == 0 {
+		if count--; count == 0 {
 			return
 		}
 	}
@@ -125,6 +215,8 @@ func (n *Names) dropLocked(name string, a netip.Addr) {
 		delete(m, a)
 		if len(m) == 0 {
 			delete(n.byName, name)
+			delete(n.plain, name)
+			delete(n.kept, name)
 		}
 	}
 	if r := n.byAddr[a]; r != nil {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net/netip"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -86,6 +87,69 @@ func TestNamesBounded(t *testing.T) {
 	}
 	if n.Len() > 100 {
 		t.Fatalf("table grew to %d names, bound is 100", n.Len())
+	}
+}
+
+// TestNamesProtected: an agent that resolves many names cannot push what
+// is known of refused names out of a full table; refused names make room
+// among themselves, never by dropping a pinned one; expired entries go
+// first.
+func TestNamesProtected(t *testing.T) {
+	n := NewNames(nil)
+	n.max = 64
+	now := time.Unix(1000, 0)
+	n.now = func() time.Time { return now }
+	n.Protect(func(name string) bool { return strings.HasSuffix(name, ".blocked.example") })
+	a := netip.MustParseAddr("192.0.2.10")
+	learn := func(name string) {
+		t.Helper()
+		if err := n.Learn(name, []netip.Addr{a}, time.Hour, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	learn("apex.example") // plain, then pinned: it moves to the protected class
+	n.Pin("apex.example")
+	for i := range 16 {
+		learn("b" + itoa(i) + ".blocked.example")
+	}
+	for i := range 1000 {
+		learn("flood" + itoa(i) + ".example")
+	}
+	if n.Len() > 64 {
+		t.Fatalf("table grew to %d names, bound is 64", n.Len())
+	}
+	for i := range 16 {
+		if name := "b" + itoa(i) + ".blocked.example"; !n.Has(name, a) {
+			t.Errorf("%s was evicted by a flood of other names", name)
+		}
+	}
+	if !n.Has("apex.example", a) {
+		t.Error("a pinned name was evicted")
+	}
+	if !n.Has("flood999.example", a) {
+		t.Error("the latest unprotected name was not recorded although unprotected ones could make room")
+	}
+	// Protected names fill the table: they evict each other, and once
+	// nothing unprotected is left a new unprotected name is not recorded.
+	for i := range 1000 {
+		learn("x" + itoa(i) + ".blocked.example")
+	}
+	if n.Len() > 64 || !n.Has("apex.example", a) || !n.Has("x999.blocked.example", a) {
+		t.Fatalf("after a flood of protected names: %d names, pinned kept %v, latest kept %v",
+			n.Len(), n.Has("apex.example", a), n.Has("x999.blocked.example", a))
+	}
+	for i := 0; n.Len() < 64; i++ {
+		learn("y" + itoa(i) + ".blocked.example")
+	}
+	learn("late.example")
+	if n.Has("late.example", a) || n.Len() != 64 {
+		t.Errorf("an unprotected name evicted a protected one (recorded %v, %d names)", n.Has("late.example", a), n.Len())
+	}
+	// Expired entries make room again.
+	now = now.Add(2 * time.Hour)
+	learn("after.example")
+	if !n.Has("after.example", a) || n.Len() != 1 {
+		t.Errorf("after everything expired: after.example recorded %v, %d names; want it alone", n.Has("after.example", a), n.Len())
 	}
 }
 

@@ -18,7 +18,8 @@ import (
 // lookups teach it some (lookupBlocked); KeepBlockedResolved teaches it the
 // names the policy spells out before the agent runs: every blocked_hosts
 // name and every blocked_urls host, resolved through the sandbox's
-// resolver at start and again before their addresses expire. Names under
+// resolver at start and again before their addresses expire, pinned in
+// Names so that a flood of other lookups cannot evict them. Names under
 // a rule (a subdomain of a blocked host) cannot be listed in advance and
 // stay with the agent's lookups; a resolver that answers flowgate with
 // other addresses than it answered the agent leaves those unknown.
@@ -65,6 +66,9 @@ func (s *Server) KeepBlockedResolved() (ready <-chan struct{}, kept, skipped int
 	if len(names) > MaxKeptNames {
 		skipped = len(names) - MaxKeptNames
 		names = names[:MaxKeptNames]
+	}
+	for _, k := range names {
+		s.cfg.Names.Pin(k.name) // a full table never evicts them
 	}
 	s.mu.Lock()
 	start := !s.closed && len(names) > 0

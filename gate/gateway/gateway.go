@@ -173,6 +173,14 @@ func (h *Handle) startDataPlane(uid uint32) error {
 	} else {
 		h.names = gate.NewNames(nil)
 	}
+	if p := h.policy; p.Mode == gate.Denylist {
+		// What is known of refused names and of hosts with URL rules is
+		// what refuses a connection to their addresses with no name: a
+		// flood of other lookups must not evict it.
+		h.names.Protect(func(name string) bool {
+			return !p.Name(name).Allow || p.NeedsIntercept(gate.Host{Name: name})
+		})
+	}
 	h.pool = netnsx.NewPool(h.ns, 10*time.Second)
 	dial := h.pool.DialContext
 	if h.flows, err = newFlowForgetter(h.ns); err != nil {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"net/netip"
 	"os/exec"
 	"strings"
 	"testing"
@@ -110,5 +111,44 @@ func TestAttachCloseDetach(t *testing.T) {
 	}
 	if live, err := nft.Read(ns.Handle); err != nil || live.Exists() {
 		t.Fatalf("table still there after Detach: %v", err)
+	}
+}
+
+// TestAttachDenylistKeepsRefusedNames: in denylist, the gateway's name
+// table keeps what it knows of refused names and of hosts with URL rules
+// from a flood of other lookups, and pins the names the policy spells out
+// (resolved ahead of the agent; here the resolver is unreachable, which
+// Attach does not wait long for).
+func TestAttachDenylistKeepsRefusedNames(t *testing.T) {
+	ns := nstest.New(t, "fgt-gwdeny")
+	p := policy(t, gate.Spec{Mode: gate.Denylist,
+		BlockedHosts: []gate.Entry{{Value: "example.com", Field: "sandbox.blocked_hosts[0]"}},
+		BlockedURLs:  []gate.Entry{{Value: "http://docs.example.org/x", Field: "sandbox.blocked_urls[0]"}}})
+	start := time.Now()
+	h, err := Attach(ns.Handle, nstest.AgentUID, p, Options{Sandbox: "gwdeny",
+		Resolvers: []netip.AddrPort{netip.MustParseAddrPort("192.0.2.53:53")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := h.Close(); err != nil {
+			t.Error(err)
+		}
+		if err := Detach(ns.Handle); err != nil {
+			t.Error(err)
+		}
+	})
+	if waited := time.Since(start); waited > keepWait+5*time.Second {
+		t.Errorf("Attach took %v with an unreachable resolver", waited)
+	}
+	for name, want := range map[string][2]bool{ // protected, pinned
+		"example.com":      {true, true},
+		"www.example.com":  {true, false},
+		"docs.example.org": {true, true},
+		"pypi.org":         {false, false},
+	} {
+		if got := [2]bool{h.names.Protected(name), h.names.Pinned(name)}; got != want {
+			t.Errorf("%s: protected, pinned = %v, want %v", name, got, want)
+		}
 	}
 }
