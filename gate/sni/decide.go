@@ -150,9 +150,10 @@ func (s *Server) decideTLS(ctx context.Context, h *tls.ClientHelloInfo, dst neti
 	return s.decideBound(ctx, host.Name, nd, dst), host.Name
 }
 
-// decideNoName decides TLS without a usable SNI by the address; in denylist
-// an address known to serve a host whose paths are restricted is refused as
-// well, since its default site may be that host and no path can be checked.
+// decideNoName decides TLS without a usable SNI, or a stream that is neither
+// TLS nor HTTP, by the address; in denylist an address known to serve a
+// host whose paths are restricted is refused as well, since its default
+// site may be that host and no path can be checked.
 func (s *Server) decideNoName(dst netip.Addr) gate.Decision {
 	d := s.decideAddr(dst)
 	if !d.Allow || s.cfg.Policy.Mode != gate.Denylist {

@@ -133,21 +133,86 @@ func TestClassifyBytes(t *testing.T) {
 		{"GET", kindOther, false},
 		{"GET ", kindHTTP, true},
 		{"\r\n\r\nPOST /", kindHTTP, true},
-		{"get / HTTP/1.1\r\n", kindOther, true},
+		{"get / HTTP/1.1\r\n", kindHTTP, true},
+		{"get key\r\n", kindOther, true},
 		{"EHLO mail.example\r\n", kindOther, true},
 		{"EHLO mail", kindOther, false},
 		{"FOO /x HTTP/1.1\r\n", kindHTTP, true},
 		{"FOO /x HTTP/1.1\n", kindHTTP, true},
+		{"FOO /x http/1.0 \r\n", kindHTTP, true},
+		{"FOO /x HTTPS/1.1\r\n", kindOther, true},
+		{"G!ET /x HTTP/1.1\r\n", kindHTTP, true},
+		{"GET\t/x\tHTTP/1.1\r\n", kindHTTP, true},
+		{"GET\r/x HTTP/1.1\r\n", kindHTTP, true},
+		{"GET\r", kindOther, false},
+		{"PING\r\n", kindOther, true},
 		{"SSH-2.0-OpenSSH_9.2\r\n", kindOther, true},
 		{"*2\r\n$3\r\nGET\r\n", kindOther, true},
 		{"\x00\x00\x00\x08\x04\xd2\x16\x2f", kindOther, true},
 		{strings.Repeat("\r\n", 40), kindHTTP, true},
 		{"PRI * HTTP/2.0\r\n", kindHTTP, true},
-		{"ABCDEFGHIJKLMNOPQRSTUVWXYZ ", kindOther, true},
+		{"ABCDEFGHIJKLMNOPQRSTUVWXYZ ", kindOther, false},
+		{strings.Repeat("A", 40) + " /x HTTP/1.1\r\n", kindHTTP, true},
+		{"FOO /" + strings.Repeat("a", maxFirstLine), kindHTTP, true},
+		{strings.Repeat("a", maxFirstLine+1), kindHTTP, true},
+		{"0032git-upload-pack /project.git\x00host=example.org\x00", kindOther, true},
+		{"x", kindOther, false},
+		{"\x15\x03\x01\x00\x02\x01\x64\x16\x03\x01", kindTLS, true}, // an alert, then the hello
+		{"\x14\x03\x03\x00\x01\x01", kindTLS, true},
+		{"\x17\x03", kindTLS, true},
+		{"\x15", kindOther, false},
+		{"\x15\x00\x00", kindOther, true},
+		{"\x80\x2e\x01\x03\x01", kindTLS, true}, // SSL 2 client hello
+		{"\x80\x2e", kindOther, false},
+		{"\x80\x2e\x05\x00", kindOther, true},
 	} {
 		kind, done := classifyBytes([]byte(tc.in))
 		if kind != tc.kind || done != tc.done {
 			t.Errorf("classifyBytes(%q) = %v %v, want %v %v", tc.in, kind, done, tc.kind, tc.done)
+		}
+	}
+}
+
+// FuzzClassifyGoRequests: whatever first line Go's net/http server reads as
+// a request is classified HTTP, so it is checked before any server sees it.
+func FuzzClassifyGoRequests(f *testing.F) {
+	for _, seed := range []string{"GET / HTTP/1.1", "get /x HTTP/1.1", "G.ET /x HTTP/1.0", "FOO\t/x\tHTTP/1.1", "EHLO mail"} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, line []byte) {
+		if bytes.ContainsAny(line, "\n") {
+			return
+		}
+		req := string(line) + "\r\nHost: example.org\r\n\r\n"
+		if _, err := http.ReadRequest(bufio.NewReader(strings.NewReader(req))); err != nil {
+			return
+		}
+		if kind, err := classify(&peeker{r: strings.NewReader(req)}); err != nil || kind != kindHTTP {
+			t.Fatalf("classify(%q) = %v %v; Go's server reads it as a request", line, kind, err)
+		}
+	})
+}
+
+// TestClassifyWhatGoServes: every first line Go's net/http server reads as
+// a request is classified HTTP (and so checked); otherwise it would be
+// spliced unchecked to a server that serves it.
+func TestClassifyWhatGoServes(t *testing.T) {
+	for _, line := range []string{
+		"get /private/x HTTP/1.1",
+		"Get /private/x HTTP/1.1",
+		"GET1 /private/x HTTP/1.1",
+		"G.ET /private/x HTTP/1.1",
+		"G!ET /private/x HTTP/1.1",
+		strings.Repeat("A", 30) + " /private/x HTTP/1.1",
+		"FOO /private/" + strings.Repeat("a", 20000) + " HTTP/1.1",
+	} {
+		req := line + "\r\nHost: example.org\r\n\r\n"
+		if _, err := http.ReadRequest(bufio.NewReader(strings.NewReader(req))); err != nil {
+			t.Fatalf("%.40q: Go does not read it: %v", line, err)
+		}
+		kind, err := classify(&peeker{r: strings.NewReader(req)})
+		if err != nil || kind != kindHTTP {
+			t.Errorf("classify(%.40q) = %v %v, want http: Go's server would serve it", line, kind, err)
 		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"slices"
+	"strings"
 )
 
 // errPeekTooLong is returned when a client sends more than MaxPeek bytes
@@ -82,10 +83,11 @@ func (k streamKind) String() string {
 }
 
 // Classification bounds: leading empty lines an HTTP server may skip, the
-// longest method word, the longest first line read to look for a version.
+// longest first line read to look for an HTTP version (a stream whose
+// first word runs longer, or whose first line does, is parsed as HTTP: it
+// is never passed on unread).
 const (
 	maxLeadingNewlines = 32
-	maxMethodLen       = 24
 	maxFirstLine       = 8 << 10
 )
 
@@ -118,17 +120,27 @@ var httpMethods = map[string]bool{
 }
 
 // classifyBytes decides from the bytes read so far, or reports that it
-// needs more. TLS starts with a handshake record (0x16). HTTP is an
-// upper-case method word and a space, after at most a few empty lines
-// (which servers skip): a known method is HTTP at once; another word is HTTP
-// only if its first line ends in an HTTP version, so that line protocols
-// such as SMTP ("EHLO host") stay plain TCP.
+// needs more. TLS is a stream that starts with a TLS record: a handshake
+// (0x16), or another record type (change_cipher_spec, alert, application
+// data, heartbeat: 0x14 to 0x18, then 0x03), which a server may skip
+// before the ClientHello (Go's ignores a warning alert), or an SSL 2
+// ClientHello, which servers no longer take and crypto/tls refuses: so
+// the hello is judged, or the stream refused, never passed on by address.
+// HTTP is, after at
+// most a few empty lines (which servers skip), a method and whitespace. A
+// method is any token (RFC 9110: servers such as Go's accept "get", "G.ET"
+// or forty letters), and whitespace is any that a lenient server splits a
+// request line on (space, tab, vertical tab, form feed, a bare CR). A
+// known method and a space is HTTP at once; any other token and whitespace
+// is HTTP if its first line ends in an HTTP version, so that line
+// protocols such as SMTP ("EHLO host") and memcached ("get key") stay plain
+// TCP, or if the line runs past maxFirstLine without ending.
 func classifyBytes(b []byte) (streamKind, bool) {
 	if len(b) == 0 {
 		return kindOther, false
 	}
-	if b[0] == 0x16 {
-		return kindTLS, true
+	if k, ok, isTLS := classifyTLS(b); isTLS {
+		return k, ok
 	}
 	i := 0
 	for i < len(b) && (b[i] == '\r' || b[i] == '\n') {
@@ -141,27 +153,71 @@ func classifyBytes(b []byte) (streamKind, bool) {
 		return kindOther, false
 	}
 	j := i
-	for j < len(b) && j-i <= maxMethodLen && isMethodByte(b[j]) {
+	for j < len(b) && isTokenByte(b[j]) {
 		j++
 	}
 	switch {
-	case j == i || j-i > maxMethodLen:
+	case j == i:
 		return kindOther, true
-	case j == len(b):
+	case j == len(b) || b[j] == '\r' && j+1 == len(b):
+		if len(b)-i > maxFirstLine {
+			return kindHTTP, true
+		}
 		return kindOther, false
-	case b[j] != ' ':
-		return kindOther, true
-	case httpMethods[string(b[i:j])]:
+	case !isLineSpace(b[j]) && !(b[j] == '\r' && b[j+1] != '\n'):
+		return kindOther, true // "PING\r\n", "SSH-2.0-x\r\n", binary
+	case b[j] == ' ' && httpMethods[string(b[i:j])]:
 		return kindHTTP, true
 	}
-	eol := bytes.IndexByte(b[j:], '\n')
+	line := b[j:]
+	eol := bytes.IndexByte(line, '\n')
+	if eol >= 0 {
+		line = line[:eol]
+	}
+	if hasControl(line) {
+		return kindOther, true // no HTTP server takes a request line with NUL and the like (git://)
+	}
 	if eol < 0 {
-		if len(b)-j > maxFirstLine {
-			return kindOther, true
+		if len(b)-i > maxFirstLine {
+			return kindHTTP, true
 		}
 		return kindOther, false
 	}
-	return kindOf(hasHTTPVersion(bytes.TrimSuffix(b[j:j+eol], []byte("\r")))), true
+	return kindOf(endsInHTTPVersion(line)), true
+}
+
+// classifyTLS reports whether b starts like TLS (isTLS), and if so the
+// kind and whether that is decided; a prefix too short to tell asks for
+// more.
+func classifyTLS(b []byte) (kind streamKind, done, isTLS bool) {
+	switch c := b[0]; {
+	case c == 0x16:
+		return kindTLS, true, true
+	case c >= 0x14 && c <= 0x18:
+		if len(b) < 2 {
+			return kindOther, false, true
+		}
+		return kindTLS, true, b[1] == 0x03
+	case c&0x80 != 0:
+		// SSL 2 record header (2 bytes), message type 1 (client hello),
+		// version 0.2 or 3.x.
+		if len(b) < 4 {
+			return kindOther, false, true
+		}
+		return kindTLS, true, b[2] == 0x01 && (b[3] == 0x00 || b[3] == 0x03)
+	}
+	return kindOther, false, false
+}
+
+// hasControl reports whether a request line holds a control byte other than
+// the whitespace lenient servers split on.
+func hasControl(line []byte) bool {
+	for _, c := range line {
+		if (c < 0x20 && !isLineSpace(c) && c != '\r') || c == 0x7f {
+			return true
+		}
+	}
+	return false
 }
 
 func kindOf(http bool) streamKind {
@@ -171,17 +227,40 @@ func kindOf(http bool) streamKind {
 	return kindOther
 }
 
-func isMethodByte(c byte) bool { return c >= 'A' && c <= 'Z' || c == '-' || c == '_' }
+// isTokenByte reports whether c may be part of an RFC 9110 token (tchar).
+func isTokenByte(c byte) bool {
+	switch {
+	case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
+		return true
+	}
+	return strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0
+}
 
-// hasHTTPVersion reports whether a request line's tail ends in
-// " HTTP/<digit>.<digit>".
-func hasHTTPVersion(line []byte) bool {
-	const n = len(" HTTP/1.1")
-	if len(line) < n {
+// isLineSpace reports whether c separates the words of a request line for a
+// lenient server (RFC 9112 section 3), a bare CR aside.
+func isLineSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\v' || c == '\f' }
+
+// endsInHTTPVersion reports whether the last word of a request line (split
+// on any whitespace) is an HTTP version, in any case: "HTTP/1.1", "http/2".
+func endsInHTTPVersion(line []byte) bool {
+	line = bytes.TrimRight(line, " \t\v\f\r")
+	k := len(line)
+	for k > 0 && !isLineSpace(line[k-1]) && line[k-1] != '\r' {
+		k--
+	}
+	if k == 0 {
+		return false // one word: no version after the method
+	}
+	w := line[k:]
+	if len(w) < len("HTTP/1") || !bytes.EqualFold(w[:5], []byte("HTTP/")) {
 		return false
 	}
-	t := line[len(line)-n:]
-	return bytes.HasPrefix(t, []byte(" HTTP/")) && isDigit(t[6]) && t[7] == '.' && isDigit(t[8])
+	for _, c := range w[5:] {
+		if !isDigit(c) && c != '.' {
+			return false
+		}
+	}
+	return true
 }
 
 func isDigit(c byte) bool { return c >= '0' && c <= '9' }

@@ -27,6 +27,10 @@ func TestOtherTCPByAddress(t *testing.T) {
 		{"denylist blocked host's address", denyBlocked, addrBlocked, gate.ReasonAddressBlocked},
 		{"denylist cidr", spec(gate.Denylist, []string{"203.0.113.0/24"}), addrUnknown, gate.ReasonCIDRBlocked},
 		{"allowlist IPv6 learned", allowCom, addrCom6, gate.ReasonLearned},
+		// A stream flowgate cannot read as a request may still be one a
+		// lenient server takes: refused like TLS without a name.
+		{"denylist host with blocked_urls", spec(gate.Denylist, nil, "http://example.com/papers"), addrCom, gate.ReasonNeedsIntercept},
+		{"denylist other host than one with blocked_urls", spec(gate.Denylist, nil, "http://example.com/papers"), addrUnknown, gate.ReasonNotBlocked},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -192,8 +196,10 @@ func TestIdleTimeoutOnSplice(t *testing.T) {
 	dst := ap(addrUnknown, portEcho)
 	c := f.dialTransparent(t, dst)
 	c.SetDeadline(time.Now().Add(10 * time.Second))
-	io.WriteString(c, "x")
-	c.Read(make([]byte, 1))
+	io.WriteString(c, "x\n") // a line: plain TCP at once
+	if _, err := io.ReadFull(c, make([]byte, 2)); err != nil {
+		t.Fatalf("echo: %v", err)
+	}
 	start := time.Now()
 	_, err := c.Read(make([]byte, 1))
 	if err == nil || isTimeout(err) {

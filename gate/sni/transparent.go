@@ -130,8 +130,21 @@ func (f *flow) run() {
 	case kindHTTP:
 		f.routeHTTP()
 	default:
-		f.finish(gate.ProtoTCP, "", "", admit, nil)
+		f.finish(gate.ProtoTCP, "", "", f.opaqueVerdict(admit), nil)
 	}
+}
+
+// opaqueVerdict decides a stream that is neither TLS nor HTTP: by the
+// address (admit), and, outside a tunnel (whose CONNECT was decided as
+// such), like TLS without a name: refused in denylist to an address known
+// to serve a host whose paths blocked_urls restricts, since the stream may
+// be a request in a form flowgate does not parse that such a server
+// would serve.
+func (f *flow) opaqueVerdict(admit gate.Decision) gate.Decision {
+	if f.tunnel || !admit.Allow {
+		return admit
+	}
+	return f.s.decideNoName(f.dst.Addr())
 }
 
 // addressVerdict is what the destination's address alone admits: the

@@ -30,7 +30,7 @@ func benchTry(mode, target, sni, path, server string, tcp bool) func() result {
 				os.Exit(1)
 			}
 		}
-		return func() result { return tlsGet(target, sni, "", path, "") }
+		return func() result { return tlsGet(target, sni, "", path, "", "") }
 	case "roundtrip":
 		return roundTrips(target)
 	default:

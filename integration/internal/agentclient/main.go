@@ -10,9 +10,12 @@
 //
 //	agentclient get [-noproxy] URL...
 //		GET each URL, through HTTPS_PROXY/HTTP_PROXY unless -noproxy
-//	agentclient tls -sni NAME [-host H] [-connect T] ADDR:PORT...
+//	agentclient tls -sni NAME [-host H] [-connect T] [-prefix HEX] ADDR:PORT...
 //		TLS with SNI NAME (-sni "" sends none), then GET / with Host H;
-//		with -connect, ADDR:PORT is a proxy and T the CONNECT target
+//		with -connect, ADDR:PORT is a proxy and T the CONNECT target;
+//		-prefix writes those bytes first (another TLS record, say)
+//	agentclient raw -data BYTES ADDR:PORT...
+//		BYTES (Go escapes: \r\n) there, half a kilobyte of answer back
 //	agentclient http -host H[,H...] ADDR:PORT
 //		plain HTTP/1.1, one request per Host, on one connection
 //	agentclient dns [-tcp] [-server ADDR:PORT] [-type T] NAME...
@@ -35,6 +38,7 @@ import (
 	"bufio"
 	"context"
 	"crypto/tls"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -46,6 +50,7 @@ import (
 	"net/url"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -114,6 +119,8 @@ func main() {
 	n := fs.Int("n", 1, "bulk, handshake, dnsbench: timed tries")
 	warm := fs.Int("warmup", 3, "bulk, handshake, dnsbench: untimed tries first")
 	path := fs.String("path", "/", "handshake: request path")
+	prefix := fs.String("prefix", "", "tls: hex bytes written before the ClientHello (another TLS record, say)")
+	data := fs.String("data", "", "raw: bytes to send, Go-quoted escapes allowed (\\r\\n)")
 	fs.Parse(os.Args[2:])
 	args := fs.Args()
 	out := json.NewEncoder(os.Stdout)
@@ -133,7 +140,7 @@ func main() {
 		}
 	case "tls":
 		for _, a := range args {
-			emit(timed(func() result { return tlsGet(a, *sni, *hosts, "/", *connect) }))
+			emit(timed(func() result { return tlsGet(a, *sni, *hosts, "/", *connect, *prefix) }))
 		}
 	case "http":
 		for _, a := range args {
@@ -148,6 +155,15 @@ func main() {
 	case "lookup":
 		for _, name := range args {
 			emit(timed(func() result { return lookup(name) }))
+		}
+	case "raw":
+		payload, err := strconv.Unquote(`"` + *data + `"`)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "raw: -data:", err)
+			os.Exit(2)
+		}
+		for _, a := range args {
+			emit(timed(func() result { return rawTry(a, payload) }))
 		}
 	case "echo":
 		for _, a := range args {
@@ -282,11 +298,29 @@ func readResponse(r result, resp *http.Response) result {
 	return r
 }
 
+// prefixConn writes prefix before its first write.
+type prefixConn struct {
+	net.Conn
+	prefix []byte
+}
+
+func (c *prefixConn) Write(b []byte) (int, error) {
+	if c.prefix != nil {
+		p := c.prefix
+		c.prefix = nil
+		if _, err := c.Conn.Write(p); err != nil {
+			return 0, err
+		}
+	}
+	return c.Conn.Write(b)
+}
+
 // tlsGet opens TLS to addr with server name sni (none when empty: the
 // address is then verified against the certificate's IP addresses) and
-// sends one GET, with Host hostHeader if given. With connect, addr is an HTTP proxy, and the TLS runs in
-// a tunnel to connect.
-func tlsGet(addr, sni, hostHeader, path, connect string) result {
+// sends one GET, with Host hostHeader if given. With connect, addr is an
+// HTTP proxy, and the TLS runs in a tunnel to connect. prefixHex, when
+// set, is written before the ClientHello.
+func tlsGet(addr, sni, hostHeader, path, connect, prefixHex string) result {
 	r := result{Target: addr}
 	target := addr
 	if connect != "" {
@@ -321,6 +355,13 @@ func tlsGet(addr, sni, hostHeader, path, connect string) result {
 			}
 			return r
 		}
+	}
+	if prefixHex != "" {
+		p, err := hex.DecodeString(prefixHex)
+		if err != nil {
+			return fail(r, err)
+		}
+		tunnel = &prefixConn{Conn: tunnel, prefix: p}
 	}
 	sc := &stampConn{Conn: tunnel, start: start}
 	c := tls.Client(sc, conf)
@@ -448,6 +489,28 @@ func lookup(name string) result {
 	}
 	slices.Sort(r.Answers)
 	r.OK = true
+	return r
+}
+
+// rawTry sends payload to addr, half-closes, and returns what came back
+// (up to 512 bytes) as Body.
+func rawTry(addr, payload string) result {
+	r := result{Target: addr}
+	c, err := net.DialTimeout("tcp", addr, timeout)
+	if err != nil {
+		return fail(r, err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.WriteString(c, payload); err != nil {
+		return fail(r, err)
+	}
+	b, err := io.ReadAll(io.LimitReader(c, 512))
+	r.Body = string(b)
+	if err != nil && len(b) == 0 {
+		return fail(r, err)
+	}
+	r.OK = len(b) > 0
 	return r
 }
 
