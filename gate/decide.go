@@ -63,6 +63,11 @@ func (p *Policy) Addr(a netip.Addr) Decision {
 		if r := p.CIDRs.Match(a); r != nil {
 			return deny(ReasonCIDRBlocked, r)
 		}
+		if v4, ok := NAT64Embedded(a); ok {
+			if r := p.CIDRs.Match(v4); r != nil {
+				return deny(ReasonCIDRBlocked, r)
+			}
+		}
 		return allow(ReasonNotBlocked, nil)
 	case Allowlist:
 		if r := p.CIDRs.Match(a); r != nil {
@@ -71,6 +76,23 @@ func (p *Policy) Addr(a netip.Addr) Decision {
 		return deny(ReasonUnknownAddress, nil)
 	}
 	return deny(ReasonNotAllowed, nil)
+}
+
+// nat64Prefix is the well-known NAT64 prefix (RFC 6052): behind a NAT64
+// gateway, 64:ff9b::c000:20a reaches 192.0.2.10.
+var nat64Prefix = netip.MustParsePrefix("64:ff9b::/96")
+
+// NAT64Embedded returns the IPv4 address a well-known-prefix NAT64 address
+// reaches. In denylist an address is judged as itself and as that address,
+// so that a blocked IPv4 address or host is not reached through its NAT64
+// form (allowlist admits only what it learned or a rule names, so it needs
+// no such widening).
+func NAT64Embedded(a netip.Addr) (netip.Addr, bool) {
+	if !a.Is6() || !nat64Prefix.Contains(a) {
+		return netip.Addr{}, false
+	}
+	b := a.As16()
+	return netip.AddrFrom4([4]byte(b[12:])), true
 }
 
 // Host decides a canonical host: by name, or by address for an IP literal.

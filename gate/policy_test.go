@@ -245,3 +245,27 @@ func TestTargetNeedsIntercept(t *testing.T) {
 		}
 	}
 }
+
+// TestNAT64Forms: in denylist an address in 64:ff9b::/96 is also judged as
+// the IPv4 address it reaches; allowlist does not widen.
+func TestNAT64Forms(t *testing.T) {
+	if v4, ok := NAT64Embedded(netip.MustParseAddr("64:ff9b::c633:6409")); !ok || v4 != netip.MustParseAddr("198.51.100.9") {
+		t.Errorf("NAT64Embedded(64:ff9b::c633:6409) = %v, %v", v4, ok)
+	}
+	for _, a := range []string{"64:ff9b:1::c633:6409", "2001:db8::c633:6409", "198.51.100.9"} {
+		if v4, ok := NAT64Embedded(netip.MustParseAddr(a)); ok {
+			t.Errorf("NAT64Embedded(%s) = %v, want none", a, v4)
+		}
+	}
+	deny := mustCompile(t, Spec{Mode: Denylist, BlockedHosts: entries("sandbox.blocked_hosts", "198.51.100.0/24")})
+	if d := deny.Addr(netip.MustParseAddr("64:ff9b::c633:6409")); d.Allow || d.Reason != ReasonCIDRBlocked || d.Rule.String() != "sandbox.blocked_hosts[0] 198.51.100.0/24" {
+		t.Errorf("denylist: the NAT64 form of a blocked address: %s %s %v", d.Verdict(), d.Reason, d.Rule)
+	}
+	if d := deny.Addr(netip.MustParseAddr("64:ff9b::cb00:7109")); !d.Allow {
+		t.Errorf("denylist: the NAT64 form of another address: %s %s", d.Verdict(), d.Reason)
+	}
+	allow := mustCompile(t, Spec{Mode: Allowlist, AllowedHosts: entries("sandbox.allowed_hosts", "198.51.100.0/24")})
+	if d := allow.Addr(netip.MustParseAddr("64:ff9b::c633:6409")); d.Allow {
+		t.Errorf("allowlist admits the NAT64 form of an allowed CIDR: %s", d.Reason)
+	}
+}

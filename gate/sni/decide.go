@@ -68,11 +68,15 @@ func (s *Server) decideAddr(a netip.Addr) gate.Decision {
 }
 
 // namesOf lists the live names of an address in a stable order, so that
-// the rule a decision reports does not depend on map order.
+// the rule a decision reports does not depend on map order. In denylist a
+// NAT64 address also has the names of the IPv4 address it reaches.
 func (s *Server) namesOf(a netip.Addr) []string {
 	names := s.cfg.Names.NamesOf(a)
+	if v4, ok := gate.NAT64Embedded(a); ok && s.cfg.Policy.Mode == gate.Denylist {
+		names = append(names, s.cfg.Names.NamesOf(v4)...)
+	}
 	slices.Sort(names)
-	return names
+	return slices.Compact(names)
 }
 
 // decideBound turns the policy's verdict nd on a name into the verdict on

@@ -13,6 +13,13 @@ import (
 	"flowgate/gate"
 )
 
+// nat64 is a's form under the well-known NAT64 prefix 64:ff9b::/96.
+func nat64(a netip.Addr) netip.Addr {
+	b := netip.MustParseAddr("64:ff9b::").As16()
+	copy(b[12:], a.AsSlice())
+	return netip.AddrFrom16(b)
+}
+
 func TestOtherTCPByAddress(t *testing.T) {
 	cases := []struct {
 		name   string
@@ -31,6 +38,10 @@ func TestOtherTCPByAddress(t *testing.T) {
 		// lenient server takes: refused like TLS without a name.
 		{"denylist host with blocked_urls", spec(gate.Denylist, nil, "http://example.com/papers"), addrCom, gate.ReasonNeedsIntercept},
 		{"denylist other host than one with blocked_urls", spec(gate.Denylist, nil, "http://example.com/papers"), addrUnknown, gate.ReasonNotBlocked},
+		// Behind a NAT64 gateway 64:ff9b::a.b.c.d reaches a.b.c.d.
+		{"denylist NAT64 form of a blocked host's address", denyBlocked, nat64(addrBlocked), gate.ReasonAddressBlocked},
+		{"denylist NAT64 form in a blocked CIDR", spec(gate.Denylist, []string{"203.0.113.0/24"}), nat64(addrUnknown), gate.ReasonCIDRBlocked},
+		{"allowlist NAT64 form of a learned address", allowCom, nat64(addrCom), gate.ReasonUnknownAddress},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
