@@ -91,6 +91,7 @@ type Server struct {
 	cfg    Config
 	log    *slog.Logger
 	sem    chan struct{}
+	proc   chan struct{} // processSlots(), shared by every Server
 	ctx    context.Context
 	cancel context.CancelFunc
 
@@ -156,6 +157,7 @@ func New(cfg Config) (*Server, error) {
 		cfg:       cfg,
 		log:       log,
 		sem:       make(chan struct{}, cfg.MaxConns),
+		proc:      processSlots(),
 		listeners: make(map[net.Listener]struct{}),
 		conns:     make(map[net.Conn]struct{}),
 		loopPorts: make(map[uint16]bool),
@@ -214,23 +216,45 @@ func (s *Server) serve(l net.Listener, handle func(*net.TCPConn)) error {
 			c.Close()
 			continue
 		}
-		select {
-		case s.sem <- struct{}{}:
-		default:
+		if detail := s.takeSlot(); detail != "" {
 			tc.SetLinger(0)
 			tc.Close()
 			// A client can cause these at any rate: one record a second.
-			s.limits.Record(gate.NewRecord(gate.ProtoTCP, "", "", gate.Deny(gate.ReasonLimit)))
+			r := gate.NewRecord(gate.ProtoTCP, "", "", gate.Deny(gate.ReasonLimit))
+			r.Detail = detail
+			s.limits.Record(r)
 			continue
 		}
 		if !s.track(tc) {
-			<-s.sem
+			s.releaseSlot()
 			tc.Close()
 			return nil
 		}
 		s.wg.Add(1)
 		go s.runConn(tc, handle)
 	}
+}
+
+// takeSlot takes a slot of MaxConns and one of the process's connection
+// budget, or neither; it says which limit refused ("" when taken).
+func (s *Server) takeSlot() string {
+	select {
+	case s.sem <- struct{}{}:
+	default:
+		return fmt.Sprintf("more than %d connections", cap(s.sem))
+	}
+	select {
+	case s.proc <- struct{}{}:
+		return ""
+	default:
+		<-s.sem
+		return fmt.Sprintf("the process serves %d connections, all its descriptors allow", cap(s.proc))
+	}
+}
+
+func (s *Server) releaseSlot() {
+	<-s.proc
+	<-s.sem
 }
 
 // isTemporaryAccept reports the accept errors worth retrying after a pause:
@@ -254,7 +278,7 @@ func isTemporaryAccept(err error) bool {
 // end every sandbox's traffic. It is logged with its stack.
 func (s *Server) runConn(c *net.TCPConn, handle func(*net.TCPConn)) {
 	defer s.wg.Done()
-	defer func() { <-s.sem }()
+	defer s.releaseSlot()
 	defer s.untrack(c)
 	defer c.Close()
 	defer func() {

@@ -159,6 +159,39 @@ func TestStalledClient(t *testing.T) {
 	f.expectRecord(t, gate.ProtoTLS, half, gate.ReasonTimeout)
 }
 
+// TestProcessConnectionBudget: Servers of one process share a budget sized
+// from its descriptors; past it a connection is refused like one over
+// MaxConns, with a record saying which limit.
+func TestProcessConnectionBudget(t *testing.T) {
+	for nofile, want := range map[uint64]int{1024: 128, 20000: 3162, 1 << 20: 174592, 64: 16} {
+		if got := connBudget(nofile); got != want {
+			t.Errorf("connBudget(%d) = %d, want %d", nofile, got, want)
+		}
+	}
+	old := processSlots
+	small := make(chan struct{}, 2)
+	processSlots = func() chan struct{} { return small }
+	defer func() { processSlots = old }()
+	f := newLoopFixture(t, allowCom, func(c *Config) { c.HelloTimeout = 3 * time.Second })
+	g := newLoopFixture(t, allowCom, func(c *Config) { c.HelloTimeout = 3 * time.Second })
+	f.dialTransparent(t, ap(addrUnknown, 1000))
+	g.dialTransparent(t, ap(addrUnknown, 1001))
+	time.Sleep(100 * time.Millisecond) // both accepted and holding a slot
+	c, err := net.Dial("tcp", f.tl.Addr().String())
+	if err == nil {
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(2 * time.Second))
+		_, err = c.Read(make([]byte, 1))
+	}
+	if err == nil || isTimeout(err) {
+		t.Fatalf("a connection past the process's budget not closed at once: %v", err)
+	}
+	r := f.rec.wait(t, "limit", func(r gate.Record) bool { return r.Reason == gate.ReasonLimit })
+	if !strings.Contains(r.Detail, "the process serves 2 connections") {
+		t.Errorf("limit record %+v does not name the process budget", r)
+	}
+}
+
 func TestConnectionLimit(t *testing.T) {
 	f := newLoopFixture(t, allowCom, func(c *Config) { c.MaxConns = 2; c.HelloTimeout = 3 * time.Second })
 	for i := range 2 {
