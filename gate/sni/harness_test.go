@@ -373,7 +373,13 @@ func (f *loopFixture) startUpstreams(t testing.TB) {
 	hl := listenLoop(t)
 	hsrv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		f.mu.Lock()
-		f.httpSeen = append(f.httpSeen, r.Method+" "+r.RequestURI+" host="+r.Host+" upgrade="+r.Header.Get("Upgrade"))
+		seen := r.Method + " " + r.RequestURI + " host=" + r.Host + " upgrade=" + r.Header.Get("Upgrade")
+		for _, h := range rerouting {
+			if v := r.Header.Values(h); len(v) > 0 {
+				seen += " " + h + "=" + strings.Join(v, ",")
+			}
+		}
+		f.httpSeen = append(f.httpSeen, seen)
 		f.mu.Unlock()
 		body, _ := io.ReadAll(r.Body)
 		fmt.Fprintf(w, "host=%s uri=%s body=%q", r.Host, r.RequestURI, body)

@@ -367,7 +367,7 @@ func (hs *httpSession) switchProtocols() {
 
 // prepareRequest turns a parsed request into the one sent upstream: the
 // canonical path (and the raw query) in origin form, the canonical Host,
-// proxy-only headers removed, Expect answered here, upgrades other than
+// proxy-only and rerouting headers removed, Expect answered here, upgrades other than
 // WebSocket removed. It reports whether a WebSocket upgrade is asked for.
 func prepareRequest(req *http.Request, t target, fromProxy bool) bool {
 	req.URL = &url.URL{Opaque: t.path, RawQuery: t.query}
@@ -378,6 +378,9 @@ func prepareRequest(req *http.Request, t target, fromProxy bool) bool {
 		req.Header.Del("Proxy-Authorization")
 	}
 	req.Header.Del("Expect")
+	for _, h := range rerouting {
+		req.Header.Del(h)
+	}
 	if _, ok := req.Header["User-Agent"]; !ok {
 		req.Header["User-Agent"] = []string{""} // net/http would add its own
 	}
@@ -391,6 +394,14 @@ func prepareRequest(req *http.Request, t target, fromProxy bool) bool {
 	}
 	return websocket
 }
+
+// rerouting are request headers that some servers and frameworks take in
+// place of the request line's path (IIS and Symfony's X-Original-URL and
+// X-Rewrite-URL) or of the Host (reverse proxies that trust forwarding
+// headers): an agent could name a blocked path or host in them while the
+// request line and Host, which flowgate checks, name allowed ones. They are
+// removed from every request passed on.
+var rerouting = []string{"X-Original-Url", "X-Rewrite-Url", "X-Forwarded-Host", "X-Host", "X-Forwarded-Server", "Forwarded"}
 
 // expectsContinue reports whether the client waits for 100 Continue before
 // sending its body. flowgate answers it itself and drops Expect upstream, so

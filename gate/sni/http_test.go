@@ -172,6 +172,26 @@ func TestHTTPUpgrades(t *testing.T) {
 	}
 }
 
+// TestHTTPReroutingHeadersDropped: headers that some servers and
+// frameworks take in place of the checked path or Host never reach the
+// upstream; the request is judged and served by what it says itself.
+func TestHTTPReroutingHeadersDropped(t *testing.T) {
+	f := newLoopFixture(t, denyPaper, nil)
+	dst := ap(addrOrg, portHTTP)
+	var req strings.Builder
+	req.WriteString("GET /ok HTTP/1.1\r\nHost: example.org\r\nConnection: close\r\n")
+	for _, h := range rerouting {
+		req.WriteString(h + ": /papers/lattice-qcd-2026\r\n")
+	}
+	req.WriteString("Forwarded: host=blocked.example.net\r\n\r\n")
+	if resp := f.rawHTTP(t, dst, req.String()); !strings.HasPrefix(resp, "HTTP/1.1 200 ") {
+		t.Fatalf("request with rerouting headers: %q", resp)
+	}
+	if seen := f.seenHTTP(); len(seen) != 1 || seen[0] != "GET /ok host=example.org upgrade=" {
+		t.Fatalf("upstream saw %q; want the rerouting headers gone", seen)
+	}
+}
+
 func TestHTTPLeadingNewlinesAndUnknownWords(t *testing.T) {
 	f := newLoopFixture(t, denyPaper, nil)
 	dst := ap(addrOrg, portHTTP)
