@@ -2,6 +2,7 @@ package gate
 
 import (
 	"net/netip"
+	"slices"
 	"sync"
 	"time"
 )
@@ -23,6 +24,17 @@ const (
 // and pinned names never (see Protect and Pin).
 const DefaultMaxNames = 65536
 
+// Bounds on addresses: an answer can carry thousands (an operator's zone
+// can serve 2,000 AAAA records over TCP), and a name's addresses can
+// rotate with every answer. At most MaxAddrsPerName addresses of one name
+// are kept (the latest learned; beyond them an answer's addresses are not
+// learned at all, so they are neither admitted nor pushed), and at most
+// DefaultMaxEntries (name, address) pairs in all, evicted like names.
+const (
+	MaxAddrsPerName   = 64
+	DefaultMaxEntries = 1 << 18
+)
+
 // Names is the table of names and the addresses they resolved to through the
 // sandbox's resolver, with expiry. The DNS proxy fills it; the SNI and HTTP
 // paths read it to bind a name to its addresses; the gateway pushes what is
@@ -32,8 +44,10 @@ type Names struct {
 	byName map[string]map[netip.Addr]time.Time
 	byAddr map[netip.Addr]map[string]time.Time
 	max    int
-	now    func() time.Time
-	push   func([]netip.Addr, time.Duration) error
+	// entries counts (name, address) pairs; maxEntries bounds them.
+	entries, maxEntries int
+	now                 func() time.Time
+	push                func([]netip.Addr, time.Duration) error
 
 	protect func(name string) bool // nil: nothing is protected
 	pinned  map[string]bool
@@ -54,13 +68,14 @@ const sweepEvery = time.Second
 // an address before the client sees it; its error is Learn's.
 func NewNames(push func(addrs []netip.Addr, ttl time.Duration) error) *Names {
 	return &Names{
-		byName: make(map[string]map[netip.Addr]time.Time),
-		byAddr: make(map[netip.Addr]map[string]time.Time),
-		plain:  make(map[string]struct{}),
-		kept:   make(map[string]struct{}),
-		max:    DefaultMaxNames,
-		now:    time.Now,
-		push:   push,
+		byName:     make(map[string]map[netip.Addr]time.Time),
+		byAddr:     make(map[netip.Addr]map[string]time.Time),
+		plain:      make(map[string]struct{}),
+		kept:       make(map[string]struct{}),
+		max:        DefaultMaxNames,
+		maxEntries: DefaultMaxEntries,
+		now:        time.Now,
+		push:       push,
 	}
 }
 
@@ -100,17 +115,20 @@ func ClampTTL(ttl time.Duration) time.Duration {
 
 // Learn records that name resolved to addrs for ttl (clamped). When allowed
 // is true, the addresses are also pushed to the kernel's learned sets first;
-// if that fails nothing is recorded and the error is returned.
+// if that fails nothing is recorded and the error is returned. Only the
+// first MaxAddrsPerName distinct addresses of an answer are learned.
 func (n *Names) Learn(name string, addrs []netip.Addr, ttl time.Duration, allowed bool) error {
-	if len(addrs) == 0 {
-		return nil
-	}
 	ttl = ClampTTL(ttl)
-	clean := make([]netip.Addr, 0, len(addrs))
+	clean := make([]netip.Addr, 0, min(len(addrs), MaxAddrsPerName))
 	for _, a := range addrs {
-		if a.IsValid() {
-			clean = append(clean, a.Unmap().WithZone(""))
+		if a = a.Unmap().WithZone(""); a.IsValid() && !slices.Contains(clean, a) {
+			if clean = append(clean, a); len(clean) == MaxAddrsPerName {
+				break
+			}
 		}
+	}
+	if len(clean) == 0 {
+		return nil
 	}
 	if allowed && n.push != nil {
 		if err := n.push(clean, ttl); err != nil {
@@ -121,11 +139,20 @@ func (n *Names) Learn(name string, addrs []netip.Addr, ttl time.Duration, allowe
 	defer n.mu.Unlock()
 	now := n.now()
 	exp := now.Add(ttl)
-	if _, ok := n.byName[name]; !ok && len(n.byName) >= n.max && !n.evictLocked(now, n.protectedLocked(name)) {
+	m := n.byName[name]
+	need := 0
+	for _, a := range clean {
+		if _, ok := m[a]; !ok {
+			need++
+		}
+	}
+	if over := len(m) + need - MaxAddrsPerName; over > 0 {
+		n.dropOldestLocked(name, over, clean)
+	}
+	if !n.roomLocked(m == nil, need) && !n.evictLocked(now, n.protectedLocked(name), m == nil, need) {
 		return nil // full of names that must stay
 	}
-	m := n.byName[name]
-	if m == nil {
+	if m = n.byName[name]; m == nil {
 		m = make(map[netip.Addr]time.Time, len(clean))
 		n.byName[name] = m
 		if n.protectedLocked(name) {
@@ -135,6 +162,9 @@ func (n *Names) Learn(name string, addrs []netip.Addr, ttl time.Duration, allowe
 		}
 	}
 	for _, a := range clean {
+		if _, ok := m[a]; !ok {
+			n.entries++
+		}
 		if m[a].Before(exp) {
 			m[a] = exp
 		}
@@ -148,6 +178,31 @@ func (n *Names) Learn(name string, addrs []netip.Addr, ttl time.Duration, allowe
 		}
 	}
 	return nil
+}
+
+// dropOldestLocked drops count of name's addresses that are not in keep,
+// those that expire first.
+func (n *Names) dropOldestLocked(name string, count int, keep []netip.Addr) {
+	type entry struct {
+		a   netip.Addr
+		exp time.Time
+	}
+	var old []entry
+	for a, exp := range n.byName[name] {
+		if !slices.Contains(keep, a) {
+			old = append(old, entry{a, exp})
+		}
+	}
+	slices.SortFunc(old, func(x, y entry) int { return x.exp.Compare(y.exp) })
+	for _, e := range old[:min(count, len(old))] {
+		n.dropLocked(name, e.a)
+	}
+}
+
+// roomLocked reports whether a name (new or not) with need more entries
+// fits.
+func (n *Names) roomLocked(newName bool, need int) bool {
+	return (!newName || len(n.byName) < n.max) && n.entries+need <= n.maxEntries
 }
 
 // Protected reports whether a full table keeps name's entries from other
@@ -169,11 +224,12 @@ func (n *Names) protectedLocked(name string) bool {
 	return n.pinned[name] || (n.protect != nil && n.protect(name))
 }
 
-// evictLocked drops expired entries (at most once per sweepEvery), then,
-// if still full, one name in eight: unprotected names, or, when there are
-// none and the name making room is protected, protected ones; never pinned
-// ones. It reports whether there is room.
-func (n *Names) evictLocked(now time.Time, forProtected bool) bool {
+// evictLocked makes room for a name (new or not) with need more entries:
+// it drops expired entries (at most once per sweepEvery), then names, an
+// eighth of the bound at a time: unprotected ones, and, when they are not
+// enough and the name making room is protected, protected ones; never
+// pinned ones. It reports whether there is room.
+func (n *Names) evictLocked(now time.Time, forProtected, newName bool, need int) bool {
 	if now.Sub(n.swept) >= sweepEvery || now.Before(n.swept) {
 		n.swept = now
 		for name, m := range n.byName {
@@ -184,35 +240,45 @@ func (n *Names) evictLocked(now time.Time, forProtected bool) bool {
 			}
 		}
 	}
-	if len(n.byName) < n.max {
-		return true
+	classes := []map[string]struct{}{n.plain}
+	if forProtected {
+		classes = append(classes, n.kept)
 	}
-	n.dropNamesLocked(n.plain, max(n.max/8, 1))
-	if len(n.byName) >= n.max && forProtected {
-		n.dropNamesLocked(n.kept, max(n.max/8, 1))
+	for _, class := range classes {
+		for !n.roomLocked(newName, need) {
+			if n.dropNamesLocked(class, max(n.max/8, 1)) == 0 {
+				break
+			}
+		}
 	}
-	return len(n.byName) < n.max
+	return n.roomLocked(newName, need)
 }
 
 // dropNamesLocked drops up to count names of class (plain or kept) that
-// are not pinned.
-func (n *Names) dropNamesLocked(class map[string]struct{}, count int) {
+// are not pinned, and returns how many it dropped.
+func (n *Names) dropNamesLocked(class map[string]struct{}, count int) int {
+	dropped := 0
 	for name := range class {
+		if dropped == count {
+			break
+		}
 		if n.pinned[name] {
 			continue
 		}
 		for a := range n.byName[name] {
 			n.dropLocked(name, a)
 		}
-		if count--; count == 0 {
-			return
-		}
+		dropped++
 	}
+	return dropped
 }
 
 func (n *Names) dropLocked(name string, a netip.Addr) {
 	if m := n.byName[name]; m != nil {
-		delete(m, a)
+		if _, ok := m[a]; ok {
+			delete(m, a)
+			n.entries--
+		}
 		if len(m) == 0 {
 			delete(n.byName, name)
 			delete(n.plain, name)

@@ -153,6 +153,60 @@ func TestNamesProtected(t *testing.T) {
 	}
 }
 
+// TestNamesAddressBounds: an answer's addresses are learned up to
+// MaxAddrsPerName (and only those are pushed); a name keeps at most that
+// many, the latest; and the table keeps at most maxEntries pairs in all.
+func TestNamesAddressBounds(t *testing.T) {
+	var pushed int
+	n := NewNames(func(a []netip.Addr, _ time.Duration) error { pushed = len(a); return nil })
+	now := time.Unix(1000, 0)
+	n.now = func() time.Time { return now }
+	addrs := func(from, count int) []netip.Addr {
+		out := make([]netip.Addr, count)
+		for i := range out {
+			out[i] = netip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, 14: byte((from + i) >> 8), 15: byte(from + i)})
+		}
+		return out
+	}
+	wide := addrs(0, 2000)
+	if err := n.Learn("wide.example", wide, time.Hour, true); err != nil {
+		t.Fatal(err)
+	}
+	if pushed != MaxAddrsPerName || !n.Has("wide.example", wide[MaxAddrsPerName-1]) || n.Has("wide.example", wide[MaxAddrsPerName]) {
+		t.Fatalf("pushed %d; want the first %d addresses of the answer learned and pushed, no more", pushed, MaxAddrsPerName)
+	}
+	// A later answer with new addresses replaces the oldest.
+	now = now.Add(time.Minute)
+	next := addrs(5000, 10)
+	if err := n.Learn("wide.example", next, time.Hour, false); err != nil {
+		t.Fatal(err)
+	}
+	if n.entries != MaxAddrsPerName || !n.Has("wide.example", next[9]) {
+		t.Fatalf("%d entries after a rotating answer, want %d with the new addresses in", n.entries, MaxAddrsPerName)
+	}
+
+	m := NewNames(nil)
+	m.maxEntries = 100
+	for i := range 50 {
+		if err := m.Learn("n"+itoa(i)+".example", addrs(10*i, 10), time.Hour, false); err != nil {
+			t.Fatal(err)
+		}
+		if m.entries > 100 {
+			t.Fatalf("%d entries after %d names, bound is 100", m.entries, i+1)
+		}
+	}
+	if !m.Has("n49.example", addrs(490, 1)[0]) {
+		t.Error("the latest name was not recorded")
+	}
+	got := 0
+	for _, am := range m.byName {
+		got += len(am)
+	}
+	if got != m.entries {
+		t.Errorf("entries counts %d, the table holds %d", m.entries, got)
+	}
+}
+
 func itoa(i int) string {
 	b := []byte{}
 	for {

@@ -26,7 +26,8 @@ type answerInfo struct {
 	chain []string
 	// groups are the answer's addresses by owner depth in chain and TTL.
 	groups []addrGroup
-	// addrs are all the chain's addresses, without duplicates.
+	// addrs are all the chain's addresses, without duplicates, at most
+	// gate.MaxAddrsPerName (the first in the answer).
 	addrs []netip.Addr
 }
 
@@ -75,20 +76,14 @@ func analyse(qname string, resp *dns.Msg) *answerInfo {
 	index := make(map[key]int)
 	seen := make(map[netip.Addr]bool)
 	for _, rr := range resp.Answer {
-		var a netip.Addr
-		switch rr := rr.(type) {
-		case *dns.A:
-			a, _ = netip.AddrFromSlice(rr.A.To4())
-		case *dns.AAAA:
-			a, _ = netip.AddrFromSlice(rr.AAAA.To16())
-		default:
-			continue
-		}
+		a, isAddr := addrOf(rr)
 		d, ok := depth[norm(rr.Header().Name)]
-		if !ok || !a.IsValid() {
+		if !isAddr || !ok {
 			continue
 		}
-		a = a.Unmap()
+		if !seen[a] && len(info.addrs) == gate.MaxAddrsPerName {
+			continue // past what the name table keeps: clean drops it
+		}
 		k := key{d, min(rr.Header().Ttl, reachTTL[d])}
 		i, ok := index[k]
 		if !ok {
@@ -130,9 +125,10 @@ func (s *Server) screenAnswer(info *answerInfo) (gate.Decision, string, bool) {
 
 // clean makes an upstream answer safe to pass on: answer records that are
 // not on the chain from the queried name are dropped (the client must not
-// see an address that was not learned), addresses in the additional section
-// are dropped for the same reason, TTLs are cut to gate.MaxLearnTTL, and
-// HTTPS/SVCB records lose their ECH parameter.
+// see an address that was not learned), and so are addresses past the
+// first gate.MaxAddrsPerName and addresses in the additional section, for
+// the same reason; TTLs are cut to gate.MaxLearnTTL, and HTTPS/SVCB
+// records lose their ECH parameter.
 func clean(resp *dns.Msg, info *answerInfo) {
 	onChain := make(map[string]bool, len(info.chain))
 	for _, n := range info.chain {
@@ -142,6 +138,9 @@ func clean(resp *dns.Msg, info *answerInfo) {
 	for _, rr := range resp.Answer {
 		h := rr.Header()
 		if !onChain[norm(h.Name)] && h.Rrtype != dns.TypeDNAME {
+			continue
+		}
+		if a, ok := addrOf(rr); ok && !slices.Contains(info.addrs, a) {
 			continue
 		}
 		h.Ttl = min(h.Ttl, maxAnswerTTL)
@@ -165,6 +164,20 @@ func clean(resp *dns.Msg, info *answerInfo) {
 		extra = append(extra, rr)
 	}
 	resp.Extra = extra
+}
+
+// addrOf returns the address of an A or AAAA record.
+func addrOf(rr dns.RR) (netip.Addr, bool) {
+	var a netip.Addr
+	switch rr := rr.(type) {
+	case *dns.A:
+		a, _ = netip.AddrFromSlice(rr.A.To4())
+	case *dns.AAAA:
+		a, _ = netip.AddrFromSlice(rr.AAAA.To16())
+	default:
+		return a, false
+	}
+	return a.Unmap(), a.IsValid()
 }
 
 // stripECH removes the ech SvcParam (key 5) from an HTTPS or SVCB record,

@@ -108,8 +108,17 @@ func (s *Server) parse(_ context.Context, x *exchange) bool {
 		x.drop = true
 		return x.refuse(0, bad, noEDE, "a response, not a query, dropped")
 	}
-	if !x.tcp && len(x.raw) > MaxUDPQuery {
-		return x.refuse(dns.RcodeFormatError, bad, noEDE, fmt.Sprintf("UDP query longer than %d bytes", MaxUDPQuery))
+	if len(x.raw) > MaxQuery {
+		return x.refuse(dns.RcodeFormatError, bad, noEDE, fmt.Sprintf("query longer than %d bytes", MaxQuery))
+	}
+	// A query is one question and at most an OPT record; the counts are
+	// checked before unpacking, so that no message makes the proxy hold
+	// thousands of records (each a string) while it waits upstream.
+	qd, an, ns, ar := binary.BigEndian.Uint16(x.raw[4:]), binary.BigEndian.Uint16(x.raw[6:]),
+		binary.BigEndian.Uint16(x.raw[8:]), binary.BigEndian.Uint16(x.raw[10:])
+	if qd != 1 || an != 0 || ns != 0 || ar > 1 {
+		return x.refuse(dns.RcodeFormatError, bad, noEDE,
+			fmt.Sprintf("a query has one question and at most one additional record (OPT), not %d/%d/%d/%d", qd, an, ns, ar))
 	}
 	req := new(dns.Msg)
 	if err := req.Unpack(x.raw); err != nil {

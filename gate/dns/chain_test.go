@@ -2,8 +2,10 @@ package dns
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -194,7 +196,12 @@ func TestMalformedBytes(t *testing.T) {
 		{"a response", resp, false, true, 0},
 		{"garbage after header", append(okRaw[:12:12], 0xff, 0xff, 0xff), false, false, dns.RcodeFormatError},
 		{"question count lies", append([]byte{0xab, 0xcd, 0x01, 0x00, 0x00, 0x05}, make([]byte, 6)...), false, false, dns.RcodeFormatError},
-		{"too long for UDP", append(okRaw[:12:12], make([]byte, MaxUDPQuery)...), false, false, dns.RcodeFormatError},
+		{"too long", append(okRaw[:12:12], make([]byte, MaxQuery)...), false, false, dns.RcodeFormatError},
+		{"too long over TCP", append(okRaw[:12:12], make([]byte, MaxQuery)...), true, false, dns.RcodeFormatError},
+		{"records in the answer section", withCounts(okRaw, 1, 1, 0, 0), false, false, dns.RcodeFormatError},
+		{"records in the authority section", withCounts(okRaw, 1, 0, 1, 0), false, false, dns.RcodeFormatError},
+		{"two additional records", withCounts(okRaw, 1, 0, 0, 2), false, false, dns.RcodeFormatError},
+		{"no question", withCounts(okRaw, 0, 0, 0, 0), false, false, dns.RcodeFormatError},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -297,21 +304,27 @@ func TestForwardAndLearn(t *testing.T) {
 			t.Errorf("stray address learned")
 		}
 	})
+	// big.test has 120 addresses: flowgate learns and passes on the first
+	// gate.MaxAddrsPerName.
 	t.Run("truncated upstream retried over tcp; udp reply truncated to 512", func(t *testing.T) {
 		r := u.ask(t, "big.test.", dns.TypeA, true, false)
-		if len(r.Answer) != 120 || r.Truncated {
-			t.Errorf("EDNS 4096: %d answers, TC=%v; want 120", len(r.Answer), r.Truncated)
+		if len(r.Answer) != gate.MaxAddrsPerName || r.Truncated {
+			t.Errorf("EDNS 4096: %d answers, TC=%v; want %d", len(r.Answer), r.Truncated, gate.MaxAddrsPerName)
 		}
 		r = u.ask(t, "big.test.", dns.TypeA, false, false)
-		if !r.Truncated || len(r.Answer) >= 120 {
+		if !r.Truncated || len(r.Answer) >= gate.MaxAddrsPerName {
 			t.Errorf("no EDNS: %d answers, TC=%v; want truncated", len(r.Answer), r.Truncated)
 		}
 		r = u.ask(t, "big.test.", dns.TypeA, false, true)
-		if len(r.Answer) != 120 || r.Truncated {
-			t.Errorf("TCP: %d answers, TC=%v; want 120", len(r.Answer), r.Truncated)
+		if len(r.Answer) != gate.MaxAddrsPerName || r.Truncated {
+			t.Errorf("TCP: %d answers, TC=%v; want %d", len(r.Answer), r.Truncated, gate.MaxAddrsPerName)
 		}
-		if n := len(u.names.NamesOf(netip.MustParseAddr("198.51.100.120"))); n != 1 {
-			t.Errorf("last address learned under %d names, want 1", n)
+		last := netip.AddrFrom4([4]byte{198, 51, 100, gate.MaxAddrsPerName})
+		if n := len(u.names.NamesOf(last)); n != 1 {
+			t.Errorf("%v, the last address kept, learned under %d names, want 1", last, n)
+		}
+		if n := len(u.names.NamesOf(last.Next())); n != 0 || slices.Contains(addrsOf(r), last.Next()) {
+			t.Errorf("%v, past the bound, learned under %d names or passed on", last.Next(), n)
 		}
 	})
 	t.Run("upstream NXDOMAIN passed on", func(t *testing.T) {
@@ -387,6 +400,15 @@ func TestResolveUnit(t *testing.T) {
 	if _, err := u.srv.Resolve(context.Background(), "OK.test"); err == nil || !strings.Contains(err.Error(), "not a canonical name") {
 		t.Errorf("Resolve(OK.test) err = %v, want not canonical", err)
 	}
+}
+
+// withCounts copies a message with its section counts set as given.
+func withCounts(raw []byte, qd, an, ns, ar uint16) []byte {
+	out := append([]byte(nil), raw...)
+	for i, n := range []uint16{qd, an, ns, ar} {
+		binary.BigEndian.PutUint16(out[4+2*i:], n)
+	}
+	return out
 }
 
 func TestBlockedLookupInBackground(t *testing.T) {

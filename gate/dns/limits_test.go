@@ -3,8 +3,10 @@ package dns
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"io"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -53,6 +55,23 @@ func TestMalformedPacketsOverTheNetwork(t *testing.T) {
 			}
 		}
 		return n >= 5
+	})
+	// A frame announced longer than any query: closed before it is read.
+	c2 := e.dial(t, "tcp", e.tcp4)
+	c2.Write([]byte{0xff, 0xff, 0xab, 0xcd})
+	c2.SetReadDeadline(time.Now().Add(5 * time.Second))
+	// (Closed with the rest of the frame unread: a reset, or an end.)
+	if rest, err := io.ReadAll(c2); len(rest) != 0 || err != nil && !errors.Is(err, syscall.ECONNRESET) {
+		t.Errorf("a 65535-byte frame: read %x, %v; want the stream closed at once", rest, err)
+	}
+	c2.Close()
+	eventually(t, "the record of the oversized frame", func() bool {
+		for _, r := range e.rec.all() {
+			if r.Reason == gate.ReasonBadRequest && strings.Contains(r.Detail, "message length 65535") {
+				return true
+			}
+		}
+		return false
 	})
 	r := e.mustQuery(t, "udp", e.udp4, "example.com", dns.TypeA, false)
 	wantAddrs(t, r, "192.0.2.10")

@@ -40,11 +40,12 @@ const (
 	DefaultBlockedLookups = 8
 )
 
-// Message size bounds. A UDP query longer than MaxUDPQuery is refused;
-// replies over UDP fit the client's EDNS size (at most MaxUDPReply) or 512
-// bytes without EDNS. TCP messages are bounded by their 16-bit length.
+// Message size bounds. A query longer than MaxQuery, over UDP or TCP, is
+// refused (a question and an OPT record need far less); replies over UDP
+// fit the client's EDNS size (at most MaxUDPReply) or 512 bytes without
+// EDNS; replies over TCP are bounded by their 16-bit length.
 const (
-	MaxUDPQuery = 4096
+	MaxQuery    = 4096
 	MaxUDPReply = 4096
 	// tcpPipeline is how many queries of one TCP stream are answered at
 	// once; further messages wait.
@@ -218,7 +219,7 @@ func (s *Server) ServeUDP(pc net.PacketConn) error {
 		return nil
 	}
 	defer untrack(s, s.pcs, pc)
-	buf := make([]byte, MaxUDPQuery+1)
+	buf := make([]byte, MaxQuery+1)
 	for {
 		n, from, err := pc.ReadFrom(buf)
 		if err != nil {
@@ -310,8 +311,8 @@ func (s *Server) serveTCPConn(c net.Conn) {
 			return
 		}
 		n := binary.BigEndian.Uint16(hdr[:])
-		if n < headerLen {
-			s.record(gate.Deny(gate.ReasonBadRequest), "", "", fmt.Sprintf("tcp: message length %d shorter than a header, closed", n))
+		if n < headerLen || n > MaxQuery {
+			s.record(gate.Deny(gate.ReasonBadRequest), "", "", fmt.Sprintf("tcp: message length %d, not %d to %d bytes, closed", n, headerLen, MaxQuery))
 			return
 		}
 		msg := make([]byte, n)
