@@ -128,7 +128,7 @@ func (s *Server) screenAnswer(info *answerInfo) (gate.Decision, string, bool) {
 // see an address that was not learned), and so are addresses past the
 // first gate.MaxAddrsPerName and addresses in the additional section, for
 // the same reason; TTLs are cut to gate.MaxLearnTTL, and HTTPS/SVCB
-// records lose their ECH parameter.
+// records lose their ECH parameter and address hints.
 func clean(resp *dns.Msg, info *answerInfo) {
 	onChain := make(map[string]bool, len(info.chain))
 	for _, n := range info.chain {
@@ -144,7 +144,7 @@ func clean(resp *dns.Msg, info *answerInfo) {
 			continue
 		}
 		h.Ttl = min(h.Ttl, maxAnswerTTL)
-		stripECH(rr)
+		stripSvcParams(rr)
 		answer = append(answer, rr)
 	}
 	resp.Answer = answer
@@ -160,7 +160,7 @@ func clean(resp *dns.Msg, info *answerInfo) {
 		default:
 			rr.Header().Ttl = min(rr.Header().Ttl, maxAnswerTTL)
 		}
-		stripECH(rr)
+		stripSvcParams(rr)
 		extra = append(extra, rr)
 	}
 	resp.Extra = extra
@@ -180,10 +180,16 @@ func addrOf(rr dns.RR) (netip.Addr, bool) {
 	return a.Unmap(), a.IsValid()
 }
 
-// stripECH removes the ech SvcParam (key 5) from an HTTPS or SVCB record,
-// and ech from its mandatory list, so that clients send a ClientHello
-// whose name flowgate can read. It reports whether anything was removed.
-func stripECH(rr dns.RR) bool {
+// strippedParams are the SvcParams HTTPS and SVCB records lose: ech, which
+// would hide the name flowgate decides by from the ClientHello, and the
+// address hints, which are neither screened nor learned (a client that
+// used one would reach an address flowgate never judged; without them it
+// uses the A and AAAA answers, which are).
+var strippedParams = []dns.SVCBKey{dns.SVCB_ECHCONFIG, dns.SVCB_IPV4HINT, dns.SVCB_IPV6HINT}
+
+// stripSvcParams removes strippedParams from an HTTPS or SVCB record, and
+// from its mandatory list. It reports whether anything was removed.
+func stripSvcParams(rr dns.RR) bool {
 	var sv *dns.SVCB
 	switch r := rr.(type) {
 	case *dns.SVCB:
@@ -196,12 +202,12 @@ func stripECH(rr dns.RR) bool {
 	stripped := false
 	kept := make([]dns.SVCBKeyValue, 0, len(sv.Value))
 	for _, kv := range sv.Value {
-		if kv.Key() == dns.SVCB_ECHCONFIG {
+		if slices.Contains(strippedParams, kv.Key()) {
 			stripped = true
 			continue
 		}
-		if m, ok := kv.(*dns.SVCBMandatory); ok && slices.Contains(m.Code, dns.SVCB_ECHCONFIG) {
-			codes := slices.DeleteFunc(slices.Clone(m.Code), func(k dns.SVCBKey) bool { return k == dns.SVCB_ECHCONFIG })
+		if m, ok := kv.(*dns.SVCBMandatory); ok && slices.ContainsFunc(m.Code, isStripped) {
+			codes := slices.DeleteFunc(slices.Clone(m.Code), isStripped)
 			stripped = true
 			if len(codes) == 0 {
 				continue
@@ -213,6 +219,8 @@ func stripECH(rr dns.RR) bool {
 	sv.Value = kept
 	return stripped
 }
+
+func isStripped(k dns.SVCBKey) bool { return slices.Contains(strippedParams, k) }
 
 // learnAnswer records the addresses in Names: under the queried name with
 // allowed (which pushes them to the kernel's sets first), and under each

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"net"
 	"net/netip"
 	"slices"
 	"strings"
@@ -448,5 +449,28 @@ func TestBlockedLookupInBackground(t *testing.T) {
 	got, err := u.srv.Resolve(context.Background(), "blocked.test")
 	if err != nil || len(got) != 2 || len(u.push.pushed(a4)) != 0 {
 		t.Errorf("Resolve(blocked.test) = %v, %v; pushes %v", got, err, u.push.pushed(a4))
+	}
+}
+
+// TestStripSvcParams: ech and the address hints go, from the record and
+// from its mandatory list (a hint pointing at a metadata address included);
+// other parameters stay.
+func TestStripSvcParams(t *testing.T) {
+	h := &dns.HTTPS{SVCB: dns.SVCB{Hdr: dns.RR_Header{Name: "x.test.", Rrtype: dns.TypeHTTPS, Class: dns.ClassINET}, Priority: 1, Target: "."}}
+	h.Value = []dns.SVCBKeyValue{
+		&dns.SVCBMandatory{Code: []dns.SVCBKey{dns.SVCB_ALPN, dns.SVCB_IPV4HINT}},
+		&dns.SVCBAlpn{Alpn: []string{"h2"}},
+		&dns.SVCBIPv4Hint{Hint: []net.IP{net.ParseIP("169.254.169.254").To4()}},
+		&dns.SVCBIPv6Hint{Hint: []net.IP{net.ParseIP("fd00:ec2::254")}},
+		&dns.SVCBECHConfig{ECH: fakeECH},
+	}
+	if !stripSvcParams(h) {
+		t.Fatal("nothing stripped")
+	}
+	if got := h.String(); got != `x.test.	0	IN	HTTPS	1 . mandatory="alpn" alpn="h2"` {
+		t.Errorf("after stripping: %s", got)
+	}
+	if stripSvcParams(h) {
+		t.Error("stripped twice")
 	}
 }

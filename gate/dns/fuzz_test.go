@@ -14,8 +14,8 @@ import (
 // FuzzHandle feeds raw bytes to the message handler, with the fake
 // resolver upstream (no network). Whatever arrives, the handler writes
 // exactly one record, and any reply it makes is a well-formed response with
-// the client's ID, fits the transport, carries no ECH parameter, and holds
-// no address that was not learned first.
+// the client's ID, fits the transport, carries no ECH parameter or address
+// hint, and holds no address that was not learned first.
 func FuzzHandle(f *testing.F) {
 	u := newUnit(f, policy(f, gate.Denylist, "blocked.test", "*.wild.test"), nil)
 	f.Fuzz(func(t *testing.T, raw []byte, tcp bool) {
@@ -49,8 +49,8 @@ func FuzzHandle(f *testing.F) {
 		}
 		for _, sec := range [][]dns.RR{r.Answer, r.Ns, r.Extra} {
 			for _, rr := range sec {
-				if stripECH(dns.Copy(rr)) {
-					t.Fatalf("ECH passed on: %v", rr)
+				if stripSvcParams(dns.Copy(rr)) {
+					t.Fatalf("ECH or an address hint passed on: %v", rr)
 				}
 				var a netip.Addr
 				switch rr := rr.(type) {
