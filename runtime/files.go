@@ -228,3 +228,45 @@ func makeParents(p string, uid, gid int) error {
 	}
 	return nil
 }
+
+// maxTmpEntries bounds the entries RemoveTmpLinks walks.
+const maxTmpEntries = 1 << 20
+
+// RemoveTmpLinks removes from the sandbox's /tmp and /var/tmp everything
+// that is not a regular file or a directory: symlinks above all, FIFOs,
+// sockets, devices. The agent can leave /tmp/out pointing at a file the
+// root verifier must not write (its reward, say), and root follows a
+// symlink in a shared sticky folder unless the host's
+// fs.protected_symlinks says otherwise. The verifier still sees the
+// agent's regular files. It returns the removed paths, as the sandbox
+// names them. Call it only when no process of the sandbox runs.
+func (s *LocalSandbox) RemoveTmpLinks() ([]string, error) {
+	var removed []string
+	seen := 0
+	for _, d := range []struct{ host, inside string }{{s.lay.tmp(), "/tmp"}, {s.lay.varTmp(), "/var/tmp"}} {
+		err := filepath.WalkDir(d.host, func(p string, e fs.DirEntry, err error) error {
+			if err != nil {
+				if errors.Is(err, fs.ErrNotExist) && p == d.host {
+					return fs.SkipAll // no /var/tmp of its own
+				}
+				return err
+			}
+			if seen++; seen > maxTmpEntries {
+				return fmt.Errorf("more than %d entries in /tmp and /var/tmp", maxTmpEntries)
+			}
+			if t := e.Type(); t.IsRegular() || t.IsDir() {
+				return nil
+			}
+			if err := os.Remove(p); err != nil {
+				return err
+			}
+			rel, _ := filepath.Rel(d.host, p)
+			removed = append(removed, filepath.Join(d.inside, rel))
+			return nil
+		})
+		if err != nil {
+			return removed, fmt.Errorf("removing links from the sandbox's %s: %w", d.inside, err)
+		}
+	}
+	return removed, nil
+}

@@ -19,9 +19,16 @@ const maxRewardFile = 64 << 10
 
 // readReward reads the verifier's reward from dir: reward.txt (one number)
 // or reward.json (an object of numbers; its "reward" key, or its only key,
-// is the reward). It returns nil, nil when neither file exists. The files
-// are opened without following links.
+// is the reward). It returns nil, nil when neither file exists, and an
+// error when both do: which one counts would be a guess, and one of them
+// may have been written through a link the agent planted. The files are
+// opened without following links.
 func readReward(dir string) (*float64, map[string]float64, error) {
+	_, errTxt := os.Lstat(filepath.Join(dir, "reward.txt"))
+	_, errJSON := os.Lstat(filepath.Join(dir, "reward.json"))
+	if errTxt == nil && errJSON == nil {
+		return nil, nil, errors.New("the verifier wrote both reward.txt and reward.json; a verifier writes one")
+	}
 	if b, err := readNoFollow(filepath.Join(dir, "reward.txt")); err == nil {
 		v, err := strconv.ParseFloat(strings.TrimSpace(string(b)), 64)
 		if err != nil || math.IsNaN(v) || math.IsInf(v, 0) {

@@ -30,7 +30,10 @@ func TestReadReward(t *testing.T) {
 		{name: "txt two numbers", files: map[string]string{"reward.txt": "1\n0\n"}, wantErr: `reward.txt: "1\n0" is not a number`},
 		{name: "txt long garbage is cut", files: map[string]string{"reward.txt": strings.Repeat("x", 100)},
 			wantErr: `reward.txt: "` + strings.Repeat("x", 40) + `..." is not a number`},
-		{name: "txt wins over json", files: map[string]string{"reward.txt": "0", "reward.json": `{"reward": 1}`}, want: f(0)},
+		// One of the two may have been written through a link the agent
+		// left: neither is taken.
+		{name: "txt and json", files: map[string]string{"reward.txt": "0", "reward.json": `{"reward": 1}`},
+			wantErr: "the verifier wrote both reward.txt and reward.json"},
 		{name: "json reward key", files: map[string]string{"reward.json": `{"reward": 0.5, "tests_passed": 3}`},
 			want: f(0.5), rewards: map[string]float64{"reward": 0.5, "tests_passed": 3}},
 		{name: "json only key", files: map[string]string{"reward.json": `{"accuracy": 0.75}`},

@@ -386,6 +386,15 @@ func (t *trial) verify(ctx context.Context) error {
 		t.endPhase(ph, nil)
 		return err
 	}
+	// Root must not write through a link the agent left in /tmp.
+	removed, err := t.sb.RemoveTmpLinks()
+	if len(removed) > 0 {
+		t.log.Info("removed what the agent left in /tmp that is not a file or folder, before the verifier", "paths", removed)
+	}
+	if err != nil {
+		t.endPhase(ph, nil)
+		return err
+	}
 	if err := t.sb.CopyIn(src, testsPath, Root); err != nil {
 		t.endPhase(ph, nil)
 		return fmt.Errorf("installing the verifier: %w", err)

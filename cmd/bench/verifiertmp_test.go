@@ -1,0 +1,57 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"flowgate/gate/nstest"
+)
+
+// TestVerifierTmpLinksRemoved: a symlink the agent leaves in /tmp does not
+// steer the root verifier's writes. The agent points /tmp/failed_count at
+// the verifier's reward.txt and leaves a FIFO the verifier would block on;
+// both are gone before the verifier runs, its regular files stay, and the
+// wrong answer earns the reward the verifier meant: 0.
+func TestVerifierTmpLinksRemoved(t *testing.T) {
+	nstest.RequireRoot(t)
+	state, jobs := t.TempDir(), t.TempDir()
+	checkCleanAtEnd(t, state, jobs)
+	base := t.TempDir()
+	task := filepath.Join(base, "tmp-task")
+	writeFile(t, filepath.Join(task, "task.md"), "---\nagent:\n  timeout_sec: 120\nverifier:\n  timeout_sec: 60\n"+
+		"sandbox:\n  network_mode: no-network\n  workdir: /app\n---\nWrite 42 to /app/answer.txt.\n", 0o644)
+	writeFile(t, filepath.Join(task, "verifier", "test.sh"), `#!/bin/bash
+ls -l /tmp /var/tmp
+cat /tmp/notes.txt
+[ -p /tmp/fifo ] && cat /tmp/fifo
+failed=0
+[ "$(cat /app/answer.txt 2>/dev/null)" = 42 ] || failed=1
+echo "$failed" > /tmp/failed_count
+if [ "$failed" = 0 ]; then r=1; else r=0; fi
+echo "{\"reward\": $r, \"failed\": $failed}" > /logs/verifier/reward.json
+`, 0o755)
+	script := filepath.Join(base, "agent.sh")
+	writeFile(t, script, "#!/bin/bash\necho 41 > /app/answer.txt\necho kept > /tmp/notes.txt\n"+
+		"ln -s /logs/verifier/reward.txt /tmp/failed_count\nmkfifo /tmp/fifo\nln -s /etc/passwd /var/tmp/p\n", 0o755)
+	if code, out, errs := runBench(t, "run", "--simnet", "--state-dir", state, "--jobs-dir", jobs, "--job", "j", task, "-a", "script:"+script); code != 0 {
+		t.Fatalf("bench run: exit %d\n%s\n%s", code, out, errs)
+	}
+	dir := onlyTrial(t, filepath.Join(jobs, "j"), "tmp-task")
+	var res resultJSON
+	readJSON(t, filepath.Join(dir, "result.json"), &res)
+	if res.Reward == nil || *res.Reward != 0 {
+		t.Errorf("reward %v, want 0: the verifier's own reward.json for a wrong answer", res.Reward)
+	}
+	if _, err := os.Lstat(filepath.Join(dir, "verifier", "reward.txt")); err == nil {
+		t.Error("reward.txt exists: root wrote through the agent's symlink")
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "verifier", "test-stdout.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out := string(b); !strings.Contains(out, "kept") || strings.Contains(out, "->") || strings.Contains(out, "fifo") {
+		t.Errorf("the verifier's view of /tmp: want the agent's regular file and no link or FIFO:\n%s", out)
+	}
+}
