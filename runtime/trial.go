@@ -98,19 +98,30 @@ func RunTrial(ctx context.Context, rt Runtime, spec TrialSpec) (*TrialOutcome, e
 }
 
 // hiddenPaths are host paths masked inside the sandbox: the task folder
-// (its oracle and verifier hold the answer), the jobs folder, the invoking
-// user's home, and whatever the caller adds.
+// (its oracle and verifier hold the answer) and the .git folder of a
+// repository it lies in (whose objects hold the same), the jobs folder,
+// the invoking user's home, and whatever the caller adds. Each is hidden
+// by the path given and by the path it resolves to, so that a folder named
+// through a symlink is hidden where the sandbox can reach it.
 func hiddenPaths(spec TrialSpec) []string {
 	var out []string
 	add := func(p string) {
 		if p == "" {
 			return
 		}
-		if abs, err := filepath.Abs(p); err == nil {
-			out = append(out, abs)
+		abs, err := filepath.Abs(p)
+		if err != nil {
+			return
+		}
+		out = append(out, abs)
+		if real, err := filepath.EvalSymlinks(abs); err == nil && real != abs {
+			out = append(out, real)
 		}
 	}
 	add(spec.TaskDir)
+	if real, err := filepath.EvalSymlinks(spec.TaskDir); err == nil {
+		add(enclosingGitDir(real))
+	}
 	add(spec.JobsDir)
 	add(os.Getenv("HOME"))
 	if u := os.Getenv("SUDO_USER"); u != "" && !strings.ContainsAny(u, "/.") {
@@ -120,6 +131,20 @@ func hiddenPaths(spec TrialSpec) []string {
 		add(p)
 	}
 	return out
+}
+
+// enclosingGitDir returns the .git of the nearest repository above dir (an
+// absolute path without symlinks), "" when there is none.
+func enclosingGitDir(dir string) string {
+	for d := filepath.Dir(dir); ; d = filepath.Dir(d) {
+		g := filepath.Join(d, ".git")
+		if _, err := os.Lstat(g); err == nil {
+			return g
+		}
+		if d == "/" || d == "." {
+			return ""
+		}
+	}
 }
 
 func (t *trial) run(ctx context.Context) error {
