@@ -184,6 +184,10 @@ func initRun(sp *initSpec) initStatus {
 		if err := dropPrivileges(); err != nil {
 			return initStatus{Stage: "exec", Error: err.Error()}
 		}
+		lim := unix.Rlimit{Cur: AgentMaxProcs, Max: AgentMaxProcs}
+		if err := unix.Setrlimit(unix.RLIMIT_NPROC, &lim); err != nil {
+			return initStatus{Stage: "exec", Error: fmt.Sprintf("limiting the agent's processes: %v", err)}
+		}
 		attr.Credential = &syscall.Credential{Uid: sp.UID, Gid: sp.GID, Groups: []uint32{}}
 	}
 	env := sp.Env
@@ -223,6 +227,12 @@ func initRun(sp *initSpec) initStatus {
 		return st
 	}
 }
+
+// AgentMaxProcs bounds the processes and threads of the agent's uid
+// (RLIMIT_NPROC): a fork bomb in the agent stops there instead of taking
+// the host, bench and the gateway with it. The host's cgroup v2 may have
+// no pids controller (a hybrid hierarchy), so the limit is the uid's.
+const AgentMaxProcs = 4096
 
 // dropPrivileges prepares this thread so that what it forks, once it has
 // changed to a non-root uid, has no capability it could ever regain:

@@ -93,6 +93,10 @@ func TestSandboxPhases(t *testing.T) {
 		if fds := mustRun(t, sb, Agent, "sh", "-c", "exec ls /proc/self/fd"); fds != "0\n1\n2\n3\n" {
 			t.Errorf("the agent inherits descriptors beyond stdio: %q", fds)
 		}
+		// A fork bomb stops at the uid's process limit.
+		if n := mustRun(t, sb, Agent, "bash", "-c", "ulimit -Hu; ulimit -Su"); n != fmt.Sprintf("%d\n%d\n", AgentMaxProcs, AgentMaxProcs) {
+			t.Errorf("the agent's process limit (hard, soft): %q, want %d", n, AgentMaxProcs)
+		}
 		got := statusFields(out)
 		for k, v := range want {
 			if got[k] != v {
