@@ -329,6 +329,11 @@ func describeExit(r Result) string {
 	return fmt.Sprintf("exited with status %d", r.ExitCode)
 }
 
+// MaxEgressLog bounds a trial's network/egress.jsonl: past it, decisions
+// are counted by kind and summed up at the end of the agent phase (an
+// agent can cause thousands a second).
+const MaxEgressLog = 256 << 20
+
 // agentPhase is phase 2: the gateway attached for the agent's uid, its live
 // ruleset audited, then the agent as its own user; afterwards the data
 // plane stops and the rules are removed.
@@ -339,7 +344,7 @@ func (t *trial) agentPhase(ctx context.Context) (err error) {
 		return err
 	}
 	defer egress.Close()
-	egressLog := gateway.NewJSONLog(egress)
+	egressLog := gateway.NewJSONLogLimit(egress, MaxEgressLog)
 	gw, err := gateway.Attach(t.sb.NetNS(), t.sb.AgentUID(), t.spec.Policy, gateway.Options{
 		Sandbox: t.sb.Name(), Cgroup: t.sb.Cgroup(), Resolvers: t.sb.Resolvers(),
 		ResolvConf: t.sb.ResolvConf(), Record: egressLog, Logger: t.log,
@@ -354,7 +359,7 @@ func (t *trial) agentPhase(ctx context.Context) (err error) {
 			t.result.Compromised = true
 			err = errors.Join(err, errors.New("the agent's ruleset was changed by someone else while it worked: the run is compromised"))
 		}
-		err = errors.Join(err, closeErr, gateway.Detach(t.sb.NetNS()), egressLog.Err())
+		err = errors.Join(err, closeErr, gateway.Detach(t.sb.NetNS()), egressLog.Close())
 	}()
 	if err := writeFileAtomic(t.dir.file("network/ruleset.nft"), []byte(gw.Ruleset().Text()), 0o644); err != nil {
 		t.endPhase(ph, nil)

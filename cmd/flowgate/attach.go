@@ -80,6 +80,7 @@ func init() {
 		uid        int
 		policyPath string
 		logPath    string
+		logMax     int64
 		resolvConf string
 		dnsAddrs   []string
 		sandbox    string
@@ -138,7 +139,10 @@ proxied egress until 'flowgate detach' removes them (or attach runs again).`,
 				level = slog.LevelDebug
 			}
 			logger := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: level}))
-			egress := gateway.NewJSONLog(out)
+			if logMax < 0 {
+				return &exitError{code: 2, err: fmt.Errorf("--log-max %d: want a size in bytes, or 0 for no bound", logMax)}
+			}
+			egress := gateway.NewJSONLogLimit(out, logMax)
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			if metrics != "" {
@@ -163,13 +167,14 @@ proxied egress until 'flowgate detach' removes them (or attach runs again).`,
 			if gw.Tampered() {
 				return &exitError{code: 3, err: errors.Join(err, errors.New("the flowgate table was changed by someone else while attached"))}
 			}
-			return errors.Join(err, egress.Err())
+			return errors.Join(err, egress.Close())
 		},
 	}
 	ns.add(cmd)
 	cmd.Flags().IntVar(&uid, "uid", 0, "the agent's uid whose traffic is filtered")
 	cmd.Flags().StringVar(&policyPath, "policy", "", "policy file (YAML: network_mode, allowed_hosts, blocked_hosts, blocked_urls)")
 	cmd.Flags().StringVar(&logPath, "log", "", "egress log file, one JSON line per decision (default: standard output)")
+	cmd.Flags().Int64Var(&logMax, "log-max", 1<<30, "bytes the egress log may take; past them decisions are counted and summed up on exit (0: no bound)")
 	cmd.Flags().StringVar(&resolvConf, "resolv-conf", "", "the sandbox's resolv.conf (default: found from --netns/--pid)")
 	cmd.Flags().StringSliceVar(&dnsAddrs, "dns", nil, "upstream resolver ADDR[:PORT] (repeatable; overrides the resolv.conf)")
 	cmd.Flags().StringVar(&sandbox, "sandbox", "flowgate", "sandbox name for rule comments and the log ([a-z0-9-], at most 32)")

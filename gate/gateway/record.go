@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"sync"
 
@@ -46,17 +47,44 @@ func (h *Handle) recorder(uid uint32) gate.Recorder {
 
 // JSONLog writes each record as one JSON line with a single Write, so a
 // crash never leaves half a line from a complete record behind another.
+//
+// An agent can cause decisions at thousands a second (a refused connection
+// costs it a connect), so a log may have a size bound: past it, records
+// are counted instead of written, by sandbox, uid, protocol, verdict,
+// reason and rule, and Close writes one record per such group with Count
+// set and the detail saying so. Nothing goes unaccounted, and the
+// decisions metric counts every one as it happens.
 type JSONLog struct {
-	mu  sync.Mutex
-	w   io.Writer
-	err error
+	mu      sync.Mutex
+	w       io.Writer
+	err     error
+	max     int64 // 0: no bound
+	written int64
+	over    map[overKey]*gate.Record
+	order   []overKey
+	closed  bool
 }
 
-// NewJSONLog returns a recorder writing to w. The caller owns w.
+// overKey groups the records a full log counts.
+type overKey struct {
+	sandbox                      string
+	uid                          uint32
+	proto, verdict, reason, rule string
+}
+
+// NewJSONLog returns a recorder writing to w without a size bound. The
+// caller owns w.
 func NewJSONLog(w io.Writer) *JSONLog { return &JSONLog{w: w} }
 
-// Record writes r. The first write error is kept (see Err) and later
-// records are dropped: a broken log must be noticed, not half-written.
+// NewJSONLogLimit returns a recorder writing to w until max bytes are
+// written (max > 0), then counting (see JSONLog). The caller owns w.
+func NewJSONLogLimit(w io.Writer, max int64) *JSONLog {
+	return &JSONLog{w: w, max: max, over: make(map[overKey]*gate.Record)}
+}
+
+// Record writes r, or counts it once the log is full. The first write
+// error is kept (see Err) and later records are dropped: a broken log must
+// be noticed, not half-written. So are records after Close.
 func (l *JSONLog) Record(r gate.Record) {
 	b, err := json.Marshal(r)
 	if err != nil {
@@ -65,12 +93,57 @@ func (l *JSONLog) Record(r gate.Record) {
 	b = append(b, '\n')
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.err != nil {
+	if l.err != nil || l.closed {
 		return
 	}
-	if _, err := l.w.Write(b); err != nil {
+	if l.max > 0 && l.written+int64(len(b)) > l.max {
+		l.count(r)
+		return
+	}
+	l.write(b)
+}
+
+func (l *JSONLog) write(b []byte) {
+	n, err := l.w.Write(b)
+	l.written += int64(n)
+	if err != nil {
 		l.err = err
 	}
+}
+
+func (l *JSONLog) count(r gate.Record) {
+	k := overKey{r.Sandbox, r.UID, r.Proto, r.Verdict, string(r.Reason), r.Rule}
+	if c, ok := l.over[k]; ok {
+		c.Count += r.Events()
+		c.Time = r.Time
+		return
+	}
+	c := gate.Record{Time: r.Time, Sandbox: r.Sandbox, UID: r.UID, Proto: r.Proto, Verdict: r.Verdict,
+		Reason: r.Reason, Rule: r.Rule, Count: r.Events()}
+	l.over[k] = &c
+	l.order = append(l.order, k)
+}
+
+// Close writes what a full log counted, one record per group, and ends
+// the log: later records are dropped. It does not close the writer.
+func (l *JSONLog) Close() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return l.err
+	}
+	l.closed = true
+	for _, k := range l.order {
+		c := *l.over[k]
+		c.Detail = fmt.Sprintf("%d decisions not written one by one: the egress log reached its limit of %d bytes", c.Count, l.max)
+		b, err := json.Marshal(c)
+		if err != nil || l.err != nil {
+			continue
+		}
+		l.write(append(b, '\n'))
+	}
+	l.over, l.order = nil, nil
+	return l.err
 }
 
 // Err returns the first write error, if any.
