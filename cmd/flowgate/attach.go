@@ -93,7 +93,8 @@ func init() {
 		Short: "Enforce a policy for a uid in a network namespace, in the foreground",
 		Long: `attach applies flowgate's nftables table in the namespace and runs its DNS proxy
 and TCP data plane there until interrupted. Every decision is written as one JSON
-line to --log (default: standard output).
+line to --log (default: standard output), up to --log-max bytes; past them
+decisions are counted, and written on exit as one line per kind with a count.
 
 It fails closed: when attach stops or dies, its rules stay, so the uid has no
 proxied egress until 'flowgate detach' removes them (or attach runs again).`,
@@ -104,6 +105,9 @@ proxied egress until 'flowgate detach' removes them (or attach runs again).`,
 			}
 			if policyPath == "" {
 				return &exitError{code: 2, err: errors.New("--policy FILE is required")}
+			}
+			if logMax < 0 {
+				return &exitError{code: 2, err: fmt.Errorf("--log-max %d: want a size in bytes, or 0 for no bound", logMax)}
 			}
 			policy, err := policyload.LoadPolicyFile(policyPath)
 			if err != nil {
@@ -139,9 +143,6 @@ proxied egress until 'flowgate detach' removes them (or attach runs again).`,
 				level = slog.LevelDebug
 			}
 			logger := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: level}))
-			if logMax < 0 {
-				return &exitError{code: 2, err: fmt.Errorf("--log-max %d: want a size in bytes, or 0 for no bound", logMax)}
-			}
 			egress := gateway.NewJSONLogLimit(out, logMax)
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()

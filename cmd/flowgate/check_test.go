@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -100,6 +101,25 @@ func TestCheckErrors(t *testing.T) {
 		code, out, errOut := runFlowgate(t, tt.args...)
 		if code != 2 || out != tt.stdout || errOut != tt.stderr {
 			t.Errorf("%s: exit %d (want 2)\nstdout: %q\nwant:   %q\nstderr: %q\nwant:   %q", tt.name, code, out, tt.stdout, errOut, tt.stderr)
+		}
+	}
+}
+
+// TestAttachRefusesBadFlags: attach checks its flags before it opens a
+// namespace or applies anything. (Flags keep their values between these
+// in-process runs: each case sets all it relies on.)
+func TestAttachRefusesBadFlags(t *testing.T) {
+	pol := writeFile(t, "deny.yaml", denyPolicy)
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--uid", "0", "--policy", pol}, "--uid 0"},
+		{[]string{"--uid", "1000", "--policy", pol, "--log-max", "-1"}, "--log-max -1: want a size in bytes"},
+	} {
+		code, _, errs := runFlowgate(t, append([]string{"attach", "--netns", "/nonexistent/ns"}, c.args...)...)
+		if code != 2 || !strings.Contains(errs, c.want) {
+			t.Errorf("attach %v: exit %d, stderr %q; want 2 and %q", c.args, code, errs, c.want)
 		}
 	}
 }
