@@ -121,15 +121,23 @@ func (p *Proxy) handler(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
-		if !p.authorised(r.Header) {
+		switch {
+		case refusedMethods[strings.ToUpper(r.Method)]:
+			// An upstream that echoes a TRACE would hand the agent the
+			// real key; CONNECT would make the proxy a tunnel.
+			http.Error(rec, "model proxy: method "+r.Method+" not allowed", http.StatusMethodNotAllowed)
+		case !p.authorised(r.Header):
 			http.Error(rec, "model proxy: missing or wrong proxy key", http.StatusUnauthorized)
-		} else {
+		default:
 			next.ServeHTTP(rec, r)
 		}
 		p.log(callRecord{Time: start.UTC(), Method: r.Method, Path: r.URL.Path, Status: rec.status,
 			DurationMS: float64(time.Since(start).Microseconds()) / 1000})
 	})
 }
+
+// refusedMethods are never passed upstream.
+var refusedMethods = map[string]bool{"TRACE": true, "TRACK": true, "CONNECT": true}
 
 // keyHeaders are where providers take a key: Authorization (Bearer) and
 // x-api-key.

@@ -1,10 +1,12 @@
 package modelproxy
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -67,11 +69,29 @@ func TestKeySwapAndRefusal(t *testing.T) {
 			t.Errorf("call with %s %q: status %d, want 401", c.h, c.v, code)
 		}
 	}
+	// TRACE (an echoing upstream would hand back the real key) and
+	// CONNECT never go upstream, whatever the key.
+	gotAuth = ""
+	for _, m := range []string{"TRACE", "CONNECT", "track"} {
+		c, err := net.Dial("tcp", l.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(c, "%s /v1/messages HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nConnection: close\r\n\r\n", m, agentKey)
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		c.Close()
+		if err != nil || resp.StatusCode != http.StatusMethodNotAllowed {
+			t.Errorf("%s: %v %v, want 405", m, resp, err)
+		}
+	}
+	if gotAuth != "" {
+		t.Errorf("a refused method reached the upstream (Authorization %q)", gotAuth)
+	}
 	if strings.Contains(log.String(), "sk-real") || strings.Contains(log.String(), agentKey) {
 		t.Fatalf("model-call log holds a key: %s", log.String())
 	}
-	if n := strings.Count(log.String(), "\n"); n != 5 {
-		t.Fatalf("model-call log has %d lines, want 5:\n%s", n, log.String())
+	if n := strings.Count(log.String(), "\n"); n != 8 {
+		t.Fatalf("model-call log has %d lines, want 8:\n%s", n, log.String())
 	}
 }
 
