@@ -192,14 +192,26 @@ func dropIrregular(root string) (dropped []string, err error) {
 }
 
 // chownTree gives bench's own user (root, in production) what the agent
-// wrote, so the trial folder does not hold files owned by a sandbox uid.
+// wrote, so the trial folder does not hold files owned by a sandbox uid,
+// and sets plain modes (0644 for files, 0755 for folders): no world-writable
+// file or folder, no sticky, setuid or setgid bit of the agent's choosing.
 func chownTree(root string) error {
 	uid, gid := os.Geteuid(), os.Getegid()
-	return filepath.WalkDir(root, func(p string, _ fs.DirEntry, err error) error {
+	return filepath.WalkDir(root, func(p string, e fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
-		return os.Lchown(p, uid, gid)
+		if err := os.Lchown(p, uid, gid); err != nil {
+			return err
+		}
+		mode := os.FileMode(0o644)
+		switch {
+		case e.IsDir():
+			mode = 0o755
+		case !e.Type().IsRegular():
+			return nil // dropIrregular removes the rest; chmod would follow a link
+		}
+		return os.Chmod(p, mode)
 	})
 }
 

@@ -50,6 +50,13 @@ func TestSettleLogs(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// Modes the agent chose: world-writable, setgid, sticky.
+	if err := os.Chmod(d.file("logs/agent/notes.txt"), 0o777|os.ModeSetgid); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(d.file("logs/agent/deep/er"), 0o777|os.ModeSticky); err != nil {
+		t.Fatal(err)
+	}
 
 	dropped, err := d.settleLogs()
 	if err != nil {
@@ -79,6 +86,11 @@ func TestSettleLogs(t *testing.T) {
 		rel, _ := filepath.Rel(d.path, p)
 		if !e.Type().IsRegular() && !e.IsDir() {
 			t.Errorf("%s is left in the trial folder (type %v)", rel, e.Type())
+		}
+		if strings.HasPrefix(rel, "agent/") || strings.HasPrefix(rel, "verifier/") {
+			if fi, err := os.Lstat(p); err != nil || fi.Mode()&(os.ModePerm|os.ModeSetuid|os.ModeSetgid|os.ModeSticky)&^0o755 != 0 {
+				t.Errorf("%s has mode %v, want no bit beyond 0755", rel, fi.Mode())
+			}
 		}
 		if e.Type().IsRegular() {
 			b, _ := os.ReadFile(p)
