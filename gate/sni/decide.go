@@ -160,15 +160,37 @@ func (s *Server) decideTLS(ctx context.Context, h *tls.ClientHelloInfo, dst neti
 // site may be that host and no path can be checked.
 func (s *Server) decideNoName(dst netip.Addr) gate.Decision {
 	d := s.decideAddr(dst)
-	if !d.Allow || s.cfg.Policy.Mode != gate.Denylist {
+	if !d.Allow {
 		return d
 	}
-	for _, n := range s.namesOf(dst) {
-		if h := (gate.Host{Name: n}); s.cfg.Policy.NeedsIntercept(h) {
-			return s.cfg.Policy.InterceptRefusal(h)
-		}
+	if r, ok := s.interceptRefusalAt(dst); ok {
+		return r
 	}
 	return d
+}
+
+// interceptRefusalAt is, in denylist, the refusal of a stream to dst that
+// names no host when blocked_urls rules apply to dst: rules written for the
+// address itself (http://192.0.2.20/x, in its NAT64 form too), or for a
+// name it is known to serve.
+func (s *Server) interceptRefusalAt(dst netip.Addr) (gate.Decision, bool) {
+	p := s.cfg.Policy
+	if p.Mode != gate.Denylist {
+		return gate.Decision{}, false
+	}
+	hosts := []gate.Host{{Addr: dst}}
+	if v4, ok := gate.NAT64Embedded(dst); ok {
+		hosts = append(hosts, gate.Host{Addr: v4})
+	}
+	for _, n := range s.namesOf(dst) {
+		hosts = append(hosts, gate.Host{Name: n})
+	}
+	for _, h := range hosts {
+		if p.NeedsIntercept(h) {
+			return p.InterceptRefusal(h), true
+		}
+	}
+	return gate.Decision{}, false
 }
 
 // decideRequest decides an HTTP request for host (as the request names

@@ -85,6 +85,8 @@ func TestConnectTunnel(t *testing.T) {
 		{"ECH in allowlist", "example.com:443", "ech", allowCom, gate.ReasonECH},
 		{"IP target, SNI bound to it", "198.51.100.10:443", "example.com", allowCom, gate.ReasonHostAllowed},
 		{"IP target, SNI of another address", "198.51.100.11:443", "example.com", denyBlocked, gate.ReasonAddrMismatch},
+		// An IP literal as server name sends no SNI.
+		{"IP target of a host with blocked_urls, no SNI", "198.51.100.11:443", "198.51.100.11", denyPaper, gate.ReasonNeedsIntercept},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newLoopFixture(t, tc.sp, nil)
@@ -115,6 +117,39 @@ func TestConnectTunnel(t *testing.T) {
 			b, _ := io.ReadAll(tc2)
 			if !strings.Contains(string(b), "sni="+tc.sni) {
 				t.Fatalf("tunnel answer %q", b)
+			}
+		})
+	}
+}
+
+// TestConnectTunnelOpaque: a stream that is neither TLS nor HTTP inside a
+// tunnel to an address blocked_urls rules apply to (its own, or a name's
+// it serves) is refused like TLS without a name; elsewhere it passes.
+func TestConnectTunnelOpaque(t *testing.T) {
+	for _, tc := range []struct {
+		name, target string
+		sp           gate.Spec
+		reason       gate.Reason
+	}{
+		{"address of a host with blocked_urls", "198.51.100.11:7", denyPaper, gate.ReasonNeedsIntercept},
+		{"address with blocked_urls of its own", "203.0.113.5:7", spec(gate.Denylist, nil, "http://203.0.113.5/x"), gate.ReasonNeedsIntercept},
+		{"other address", "203.0.113.5:7", denyPaper, gate.ReasonNotBlocked},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newLoopFixture(t, tc.sp, nil)
+			c, resp, br := f.connect(t, tc.target)
+			if resp.StatusCode != 200 {
+				t.Fatalf("CONNECT status %d", resp.StatusCode)
+			}
+			c.SetDeadline(time.Now().Add(10 * time.Second))
+			io.WriteString(c, "ping\n")
+			line, _ := br.ReadString('\n')
+			r := f.rec.wait(t, "connect", func(r gate.Record) bool { return r.Proto == gate.ProtoConnect && r.Detail == "tcp" })
+			if r.Reason != tc.reason {
+				t.Fatalf("record %+v, want %s:\n%s", r, tc.reason, f.rec.dump())
+			}
+			if (line == "ping\n") != (r.Verdict == gate.VerdictAllow) {
+				t.Fatalf("verdict %s, but the client read %q", r.Verdict, line)
 			}
 		})
 	}

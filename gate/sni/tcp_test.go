@@ -38,6 +38,9 @@ func TestOtherTCPByAddress(t *testing.T) {
 		// lenient server takes: refused like TLS without a name.
 		{"denylist host with blocked_urls", spec(gate.Denylist, nil, "http://example.com/papers"), addrCom, gate.ReasonNeedsIntercept},
 		{"denylist other host than one with blocked_urls", spec(gate.Denylist, nil, "http://example.com/papers"), addrUnknown, gate.ReasonNotBlocked},
+		{"denylist address with blocked_urls of its own", spec(gate.Denylist, nil, "http://203.0.113.5/papers"), addrUnknown, gate.ReasonNeedsIntercept},
+		{"denylist address next to one with blocked_urls", spec(gate.Denylist, nil, "http://203.0.113.99/papers"), addrUnknown, gate.ReasonNotBlocked},
+		{"denylist NAT64 form of an address with blocked_urls", spec(gate.Denylist, nil, "http://203.0.113.5/papers"), nat64(addrUnknown), gate.ReasonNeedsIntercept},
 		// Behind a NAT64 gateway 64:ff9b::a.b.c.d reaches a.b.c.d.
 		{"denylist NAT64 form of a blocked host's address", denyBlocked, nat64(addrBlocked), gate.ReasonAddressBlocked},
 		{"denylist NAT64 form in a blocked CIDR", spec(gate.Denylist, []string{"203.0.113.0/24"}), nat64(addrUnknown), gate.ReasonCIDRBlocked},

@@ -107,6 +107,7 @@ func TestTLSNoSNI(t *testing.T) {
 		{"denylist shared address with a blocked name", denyBlocked, addrShared, gate.ReasonAddressBlocked},
 		{"denylist other address", denyBlocked, addrCom, gate.ReasonNotBlocked},
 		{"denylist host with blocked_urls", spec(gate.Denylist, nil, "http://example.com/papers"), addrCom, gate.ReasonNeedsIntercept},
+		{"denylist address with blocked_urls of its own", spec(gate.Denylist, nil, "http://198.51.100.11/papers"), addrOrg, gate.ReasonNeedsIntercept},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

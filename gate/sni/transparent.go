@@ -135,16 +135,18 @@ func (f *flow) run() {
 }
 
 // opaqueVerdict decides a stream that is neither TLS nor HTTP: by the
-// address (admit), and, outside a tunnel (whose CONNECT was decided as
-// such), like TLS without a name: refused in denylist to an address known
-// to serve a host whose paths blocked_urls restricts, since the stream may
-// be a request in a form flowgate does not parse that such a server
-// would serve.
+// address (admit: the CONNECT decision in a tunnel), and like TLS without
+// a name: refused in denylist to an address that blocked_urls rules apply
+// to, since the stream may be a request in a form flowgate does not parse
+// that such a server would serve.
 func (f *flow) opaqueVerdict(admit gate.Decision) gate.Decision {
-	if f.tunnel || !admit.Allow {
+	if !admit.Allow {
 		return admit
 	}
-	return f.s.decideNoName(f.dst.Addr())
+	if r, ok := f.s.interceptRefusalAt(f.dst.Addr()); ok {
+		return r
+	}
+	return admit
 }
 
 // addressVerdict is what the destination's address alone admits: the
