@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -374,10 +375,15 @@ func (f *loopFixture) startUpstreams(t testing.TB) {
 	hsrv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		f.mu.Lock()
 		seen := r.Method + " " + r.RequestURI + " host=" + r.Host + " upgrade=" + r.Header.Get("Upgrade")
-		for _, h := range rerouting {
-			if v := r.Header.Values(h); len(v) > 0 {
-				seen += " " + h + "=" + strings.Join(v, ",")
+		var hs []string
+		for k, v := range r.Header {
+			if isRerouting(k) || k == "X-Custom" {
+				hs = append(hs, k+"="+strings.Join(v, ","))
 			}
+		}
+		slices.Sort(hs)
+		for _, h := range hs {
+			seen += " " + h
 		}
 		f.httpSeen = append(f.httpSeen, seen)
 		f.mu.Unlock()

@@ -378,8 +378,10 @@ func prepareRequest(req *http.Request, t target, fromProxy bool) bool {
 		req.Header.Del("Proxy-Authorization")
 	}
 	req.Header.Del("Expect")
-	for _, h := range rerouting {
-		req.Header.Del(h)
+	for k := range req.Header {
+		if isRerouting(k) {
+			delete(req.Header, k)
+		}
 	}
 	if _, ok := req.Header["User-Agent"]; !ok {
 		req.Header["User-Agent"] = []string{""} // net/http would add its own
@@ -395,13 +397,28 @@ func prepareRequest(req *http.Request, t target, fromProxy bool) bool {
 	return websocket
 }
 
-// rerouting are request headers that some servers and frameworks take in
-// place of the request line's path (IIS and Symfony's X-Original-URL and
-// X-Rewrite-URL) or of the Host (reverse proxies that trust forwarding
-// headers): an agent could name a blocked path or host in them while the
-// request line and Host, which flowgate checks, name allowed ones. They are
-// removed from every request passed on.
-var rerouting = []string{"X-Original-Url", "X-Rewrite-Url", "X-Forwarded-Host", "X-Host", "X-Forwarded-Server", "Forwarded"}
+// isRerouting reports whether a request header is one that some servers
+// and frameworks take in place of the request line's path (IIS and
+// Symfony's X-Original-URL and X-Rewrite-URL, Envoy's original path) or
+// of the Host (reverse proxies that trust forwarding headers): an agent
+// could name a blocked path or host in them while the request line and
+// Host, which flowgate checks, name allowed ones. Names are compared as a
+// CGI or WSGI gateway sees them, '_' and '-' alike ("X_Original_URL" is
+// HTTP_X_ORIGINAL_URL too). Every X-Forwarded-*, X-Original-* and
+// X-Rewrite-* header goes, and Forwarded, X-Host, X-Envoy-Original-Path.
+func isRerouting(name string) bool {
+	n := strings.ToLower(strings.ReplaceAll(name, "_", "-"))
+	switch n {
+	case "forwarded", "x-host", "x-envoy-original-path":
+		return true
+	}
+	for _, p := range []string{"x-forwarded-", "x-original-", "x-rewrite-"} {
+		if strings.HasPrefix(n, p) {
+			return true
+		}
+	}
+	return false
+}
 
 // expectsContinue reports whether the client waits for 100 Continue before
 // sending its body. flowgate answers it itself and drops Expect upstream, so

@@ -179,16 +179,19 @@ func TestHTTPReroutingHeadersDropped(t *testing.T) {
 	f := newLoopFixture(t, denyPaper, nil)
 	dst := ap(addrOrg, portHTTP)
 	var req strings.Builder
-	req.WriteString("GET /ok HTTP/1.1\r\nHost: example.org\r\nConnection: close\r\n")
-	for _, h := range rerouting {
+	req.WriteString("GET /ok HTTP/1.1\r\nHost: example.org\r\nConnection: close\r\nX-Custom: kept\r\n")
+	for _, h := range []string{"X-Original-URL", "X_Original_URL", "x-rewrite-url", "X-Envoy-Original-Path", "X-Forwarded-Uri", "X-Forwarded-Prefix"} {
 		req.WriteString(h + ": /papers/lattice-qcd-2026\r\n")
+	}
+	for _, h := range []string{"X-Forwarded-Host", "X_Forwarded_Host", "X-Original-Host", "X-Host", "X-Forwarded-Server"} {
+		req.WriteString(h + ": blocked.example.net\r\n")
 	}
 	req.WriteString("Forwarded: host=blocked.example.net\r\n\r\n")
 	if resp := f.rawHTTP(t, dst, req.String()); !strings.HasPrefix(resp, "HTTP/1.1 200 ") {
 		t.Fatalf("request with rerouting headers: %q", resp)
 	}
-	if seen := f.seenHTTP(); len(seen) != 1 || seen[0] != "GET /ok host=example.org upgrade=" {
-		t.Fatalf("upstream saw %q; want the rerouting headers gone", seen)
+	if seen := f.seenHTTP(); len(seen) != 1 || seen[0] != "GET /ok host=example.org upgrade= X-Custom=kept" {
+		t.Fatalf("upstream saw %q; want the rerouting headers gone and the rest kept", seen)
 	}
 }
 

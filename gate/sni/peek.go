@@ -82,13 +82,13 @@ func (k streamKind) String() string {
 	return "tcp"
 }
 
-// Classification bounds: leading empty lines an HTTP server may skip, the
+// Classification bounds: leading whitespace an HTTP server may skip, the
 // longest first line read to look for an HTTP version (a stream whose
 // first word runs longer, or whose first line does, is parsed as HTTP: it
 // is never passed on unread).
 const (
-	maxLeadingNewlines = 32
-	maxFirstLine       = 8 << 10
+	maxLeadingSpace = 32
+	maxFirstLine    = 8 << 10
 )
 
 // classify reads until the stream's kind is known (reading as little as
@@ -120,21 +120,25 @@ var httpMethods = map[string]bool{
 }
 
 // classifyBytes decides from the bytes read so far, or reports that it
-// needs more. TLS is a stream that starts with a TLS record: a handshake
-// (0x16), or another record type (change_cipher_spec, alert, application
-// data, heartbeat: 0x14 to 0x18, then 0x03), which a server may skip
-// before the ClientHello (Go's ignores a warning alert), or an SSL 2
-// ClientHello, which servers no longer take and crypto/tls refuses: so
-// the hello is judged, or the stream refused, never passed on by address.
-// HTTP is, after at
-// most a few empty lines (which servers skip), a method and whitespace. A
-// method is any token (RFC 9110: servers such as Go's accept "get", "G.ET"
-// or forty letters), and whitespace is any that a lenient server splits a
-// request line on (space, tab, vertical tab, form feed, a bare CR). A
-// known method and a space is HTTP at once; any other token and whitespace
-// is HTTP if its first line ends in an HTTP version, so that line
-// protocols such as SMTP ("EHLO host") and memcached ("get key") stay plain
-// TCP, or if the line runs past maxFirstLine without ending.
+// needs more. TLS is a stream that starts with a TLS handshake record
+// (0x16); with a warning alert or a change_cipher_spec record first, which
+// a server may skip before the ClientHello (Go's skips the alert); or with
+// an SSL 2 ClientHello, which servers no longer take and crypto/tls
+// refuses. So the hello is judged, or the stream refused, never passed on
+// by address.
+//
+// HTTP is a request line as a lenient server reads it: after leading
+// whitespace (empty lines, which servers skip; any whitespace, which
+// Python's http.server splits away), a method and whitespace. A method is
+// any token (RFC 9110: Go's server accepts "get", "G.ET" or forty
+// letters); whitespace is any a lenient server splits a request line on
+// (space, tab, vertical tab, form feed, a bare CR, and what Python's
+// str.split takes for it in Latin-1: 0x1c to 0x1f, 0x85, 0xa0). A known
+// method and whitespace is HTTP at once (HTTP/0.9 is "GET /path"); any
+// other token and whitespace is HTTP if its first line ends in an HTTP
+// version, so that line protocols such as SMTP ("EHLO host") and memcached
+// ("get key") stay plain TCP, or if the line runs past maxFirstLine
+// without ending. A line holding other control bytes is no request.
 func classifyBytes(b []byte) (streamKind, bool) {
 	if len(b) == 0 {
 		return kindOther, false
@@ -143,10 +147,10 @@ func classifyBytes(b []byte) (streamKind, bool) {
 		return k, ok
 	}
 	i := 0
-	for i < len(b) && (b[i] == '\r' || b[i] == '\n') {
+	for i < len(b) && (b[i] == '\r' || b[i] == '\n' || isLineSpace(b[i])) {
 		i++
 	}
-	if i > maxLeadingNewlines {
+	if i > maxLeadingSpace {
 		return kindHTTP, true // parsed and checked as a request, never passed on unread
 	}
 	if i == len(b) {
@@ -166,7 +170,7 @@ func classifyBytes(b []byte) (streamKind, bool) {
 		return kindOther, false
 	case !isLineSpace(b[j]) && !(b[j] == '\r' && b[j+1] != '\n'):
 		return kindOther, true // "PING\r\n", "SSH-2.0-x\r\n", binary
-	case b[j] == ' ' && httpMethods[string(b[i:j])]:
+	case httpMethods[string(b[i:j])]:
 		return kindHTTP, true
 	}
 	line := b[j:]
@@ -188,20 +192,29 @@ func classifyBytes(b []byte) (streamKind, bool) {
 
 // classifyTLS reports whether b starts like TLS (isTLS), and if so the
 // kind and whether that is decided; a prefix too short to tell asks for
-// more.
+// more. Records before the hello must look like what a server skips (an
+// alert of 2 bytes, a change_cipher_spec of 1), so that a binary protocol
+// whose little-endian length happens to start with 0x14 or 0x15 and 0x03
+// (a MongoDB message of 788 to 792 bytes) is not taken for TLS.
 func classifyTLS(b []byte) (kind streamKind, done, isTLS bool) {
+	need := func(n int) bool { return len(b) >= n }
 	switch c := b[0]; {
 	case c == 0x16:
 		return kindTLS, true, true
-	case c >= 0x14 && c <= 0x18:
-		if len(b) < 2 {
-			return kindOther, false, true
+	case c == 0x15: // alert: 0x15 0x03 x 0x00 0x02
+		if !need(5) {
+			return kindOther, false, len(b) < 2 || b[1] == 0x03
 		}
-		return kindTLS, true, b[1] == 0x03
+		return kindTLS, true, b[1] == 0x03 && b[3] == 0 && b[4] == 2
+	case c == 0x14: // change_cipher_spec: 0x14 0x03 x 0x00 0x01 0x01
+		if !need(6) {
+			return kindOther, false, len(b) < 2 || b[1] == 0x03
+		}
+		return kindTLS, true, b[1] == 0x03 && b[3] == 0 && b[4] == 1 && b[5] == 1
 	case c&0x80 != 0:
 		// SSL 2 record header (2 bytes), message type 1 (client hello),
 		// version 0.2 or 3.x.
-		if len(b) < 4 {
+		if !need(4) {
 			return kindOther, false, true
 		}
 		return kindTLS, true, b[2] == 0x01 && (b[3] == 0x00 || b[3] == 0x03)
@@ -237,13 +250,22 @@ func isTokenByte(c byte) bool {
 }
 
 // isLineSpace reports whether c separates the words of a request line for a
-// lenient server (RFC 9112 section 3), a bare CR aside.
-func isLineSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\v' || c == '\f' }
+// lenient server, a bare CR aside: RFC 9112 section 3's whitespace, and
+// what Python's str.split takes for whitespace in Latin-1.
+func isLineSpace(c byte) bool {
+	switch c {
+	case ' ', '\t', '\v', '\f', 0x1c, 0x1d, 0x1e, 0x1f, 0x85, 0xa0:
+		return true
+	}
+	return false
+}
 
 // endsInHTTPVersion reports whether the last word of a request line (split
 // on any whitespace) is an HTTP version, in any case: "HTTP/1.1", "http/2".
 func endsInHTTPVersion(line []byte) bool {
-	line = bytes.TrimRight(line, " \t\v\f\r")
+	for len(line) > 0 && (isLineSpace(line[len(line)-1]) || line[len(line)-1] == '\r') {
+		line = line[:len(line)-1]
+	}
 	k := len(line)
 	for k > 0 && !isLineSpace(line[k-1]) && line[k-1] != '\r' {
 		k--
