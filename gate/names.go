@@ -28,11 +28,14 @@ const DefaultMaxNames = 65536
 // can serve 2,000 AAAA records over TCP), and a name's addresses can
 // rotate with every answer. At most MaxAddrsPerName addresses of one name
 // are kept (the latest learned; beyond them an answer's addresses are not
-// learned at all, so they are neither admitted nor pushed), and at most
+// learned at all, so they are neither admitted nor pushed), or
+// MaxAddrsPerProtectedName for a name Protect or Pin covers (what is known
+// of a blocked host must not stop at 64 of its addresses); and at most
 // DefaultMaxEntries (name, address) pairs in all, evicted like names.
 const (
-	MaxAddrsPerName   = 64
-	DefaultMaxEntries = 1 << 18
+	MaxAddrsPerName          = 64
+	MaxAddrsPerProtectedName = 1024
+	DefaultMaxEntries        = 1 << 18
 )
 
 // Names is the table of names and the addresses they resolved to through the
@@ -116,13 +119,20 @@ func ClampTTL(ttl time.Duration) time.Duration {
 // Learn records that name resolved to addrs for ttl (clamped). When allowed
 // is true, the addresses are also pushed to the kernel's learned sets first;
 // if that fails nothing is recorded and the error is returned. Only the
-// first MaxAddrsPerName distinct addresses of an answer are learned.
+// first MaxAddrsPerName distinct addresses of an answer are learned
+// (MaxAddrsPerProtectedName for a protected name).
 func (n *Names) Learn(name string, addrs []netip.Addr, ttl time.Duration, allowed bool) error {
 	ttl = ClampTTL(ttl)
-	clean := make([]netip.Addr, 0, min(len(addrs), MaxAddrsPerName))
+	limit := MaxAddrsPerName
+	if n.Protected(name) {
+		limit = MaxAddrsPerProtectedName
+	}
+	clean := make([]netip.Addr, 0, min(len(addrs), limit))
+	seen := make(map[netip.Addr]bool, min(len(addrs), limit))
 	for _, a := range addrs {
-		if a = a.Unmap().WithZone(""); a.IsValid() && !slices.Contains(clean, a) {
-			if clean = append(clean, a); len(clean) == MaxAddrsPerName {
+		if a = a.Unmap().WithZone(""); a.IsValid() && !seen[a] {
+			seen[a] = true
+			if clean = append(clean, a); len(clean) == limit {
 				break
 			}
 		}
@@ -139,20 +149,29 @@ func (n *Names) Learn(name string, addrs []netip.Addr, ttl time.Duration, allowe
 	defer n.mu.Unlock()
 	now := n.now()
 	exp := now.Add(ttl)
-	m := n.byName[name]
-	need := 0
-	for _, a := range clean {
-		if _, ok := m[a]; !ok {
-			need++
+	missing := func() int {
+		need := 0
+		for _, a := range clean {
+			if _, ok := n.byName[name][a]; !ok {
+				need++
+			}
+		}
+		return need
+	}
+	need := missing()
+	if over := len(n.byName[name]) + need - limit; over > 0 {
+		n.dropOldestLocked(name, over, seen)
+		need = missing()
+	}
+	if !n.roomLocked(n.byName[name] == nil, need) {
+		n.evictLocked(now, n.protectedLocked(name), n.byName[name] == nil, need)
+		// Eviction may have taken this name's own entries: count again.
+		if need = missing(); !n.roomLocked(n.byName[name] == nil, need) {
+			return nil // full of names that must stay
 		}
 	}
-	if over := len(m) + need - MaxAddrsPerName; over > 0 {
-		n.dropOldestLocked(name, over, clean)
-	}
-	if !n.roomLocked(m == nil, need) && !n.evictLocked(now, n.protectedLocked(name), m == nil, need) {
-		return nil // full of names that must stay
-	}
-	if m = n.byName[name]; m == nil {
+	m := n.byName[name]
+	if m == nil {
 		m = make(map[netip.Addr]time.Time, len(clean))
 		n.byName[name] = m
 		if n.protectedLocked(name) {
@@ -182,14 +201,14 @@ func (n *Names) Learn(name string, addrs []netip.Addr, ttl time.Duration, allowe
 
 // dropOldestLocked drops count of name's addresses that are not in keep,
 // those that expire first.
-func (n *Names) dropOldestLocked(name string, count int, keep []netip.Addr) {
+func (n *Names) dropOldestLocked(name string, count int, keep map[netip.Addr]bool) {
 	type entry struct {
 		a   netip.Addr
 		exp time.Time
 	}
 	var old []entry
 	for a, exp := range n.byName[name] {
-		if !slices.Contains(keep, a) {
+		if !keep[a] {
 			old = append(old, entry{a, exp})
 		}
 	}

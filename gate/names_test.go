@@ -185,6 +185,16 @@ func TestNamesAddressBounds(t *testing.T) {
 		t.Fatalf("%d entries after a rotating answer, want %d with the new addresses in", n.entries, MaxAddrsPerName)
 	}
 
+	// A protected name keeps more: what is known of a blocked host must
+	// not stop at 64 of its addresses.
+	n.Protect(func(name string) bool { return name == "blocked.example" })
+	if err := n.Learn("blocked.example", wide, time.Hour, false); err != nil {
+		t.Fatal(err)
+	}
+	if !n.Has("blocked.example", wide[MaxAddrsPerProtectedName-1]) || n.Has("blocked.example", wide[MaxAddrsPerProtectedName]) {
+		t.Errorf("a protected name kept other than its first %d addresses", MaxAddrsPerProtectedName)
+	}
+
 	m := NewNames(nil)
 	m.maxEntries = 100
 	for i := range 50 {

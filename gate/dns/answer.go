@@ -27,7 +27,7 @@ type answerInfo struct {
 	// groups are the answer's addresses by owner depth in chain and TTL.
 	groups []addrGroup
 	// addrs are all the chain's addresses, without duplicates, at most
-	// gate.MaxAddrsPerName (the first in the answer).
+	// analyse's limit (the first in the answer).
 	addrs []netip.Addr
 }
 
@@ -44,8 +44,9 @@ type addrGroup struct {
 func norm(s string) string { return strings.ToLower(strings.TrimSuffix(s, ".")) }
 
 // analyse follows the CNAME chain from qname through resp's answer
-// section and collects the addresses on it. It changes nothing.
-func analyse(qname string, resp *dns.Msg) *answerInfo {
+// section and collects the addresses on it, the first limit of them. It
+// changes nothing.
+func analyse(qname string, resp *dns.Msg, limit int) *answerInfo {
 	info := &answerInfo{chain: []string{qname}}
 	depth := map[string]int{qname: 0}
 	reachTTL := []uint32{math.MaxUint32}
@@ -81,7 +82,7 @@ func analyse(qname string, resp *dns.Msg) *answerInfo {
 		if !isAddr || !ok {
 			continue
 		}
-		if !seen[a] && len(info.addrs) == gate.MaxAddrsPerName {
+		if !seen[a] && len(info.addrs) == limit {
 			continue // past what the name table keeps: clean drops it
 		}
 		k := key{d, min(rr.Header().Ttl, reachTTL[d])}

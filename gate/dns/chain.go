@@ -219,7 +219,7 @@ func upstreamQuery(name string, qtype uint16, do bool) *dns.Msg {
 // screen refuses an answer whose CNAME chain or addresses the policy
 // refuses, and cleans what is passed on (see screenAnswer).
 func (s *Server) screen(_ context.Context, x *exchange) bool {
-	x.info = analyse(x.name, x.resp)
+	x.info = analyse(x.name, x.resp, gate.MaxAddrsPerName) // what the client gets, all learned
 	if d, detail, refused := s.screenAnswer(x.info); refused {
 		if d.Reason == gate.ReasonHostBlocked {
 			s.lookupBlocked(x.name)

@@ -50,12 +50,14 @@ func waitReady(t *testing.T, ready <-chan struct{}) {
 // CIDR rules are not resolved; Close stops it all.
 func TestKeepBlockedResolved(t *testing.T) {
 	fastKeep(t)
-	p := denylistSpec(t, []string{"blocked.test", "*.wild.test", "192.0.2.0/28", "nx.test", "blocked.test"},
+	p := denylistSpec(t, []string{"blocked.test", "*.wild.test", "192.0.2.0/28", "nx.test", "blocked.test", "big.test"},
 		"http://docs.test/private", "http://192.0.2.99/x", "http://blocked.test/also")
-	u := newUnit(t, p, nil)
+	u := newUnit(t, p, func(c *Config) {
+		c.Names.Protect(func(name string) bool { return !p.Name(name).Allow || p.NeedsIntercept(gate.Host{Name: name}) })
+	})
 	ready, kept, skipped := u.srv.KeepBlockedResolved()
-	if kept != 3 || skipped != 0 {
-		t.Fatalf("kept %d, skipped %d; want 3 (blocked.test, nx.test, docs.test) and 0", kept, skipped)
+	if kept != 4 || skipped != 0 {
+		t.Fatalf("kept %d, skipped %d; want 4 (blocked.test, nx.test, big.test, docs.test) and 0", kept, skipped)
 	}
 	waitReady(t, ready)
 	a4, a6 := netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("2001:db8::1")
@@ -63,6 +65,10 @@ func TestKeepBlockedResolved(t *testing.T) {
 		if !u.names.Has(name, a4) || !u.names.Has(name, a6) {
 			t.Errorf("%s's addresses are not in Names after the first round", name)
 		}
+	}
+	// A blocked name keeps all its addresses, not only the first 64.
+	if last := netip.MustParseAddr("198.51.100.120"); !u.names.Has("big.test", last) {
+		t.Errorf("big.test's 120th address is not in Names")
 	}
 	if got := u.names.NamesOf(a4); !slices.Contains(got, "blocked.test") {
 		t.Errorf("NamesOf(%v) = %v, want blocked.test among them", a4, got)

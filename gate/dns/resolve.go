@@ -94,7 +94,7 @@ func (s *Server) lookup(ctx context.Context, name string, qtype uint16, allowed 
 	if resp.Rcode != dns.RcodeSuccess {
 		return nil, fmt.Errorf("resolving %s %s: %s", name, dns.Type(qtype), dns.RcodeToString[resp.Rcode])
 	}
-	info := analyse(name, resp)
+	info := analyse(name, resp, gate.MaxAddrsPerProtectedName) // Names keeps what its class allows
 	if allowed {
 		if d, detail, refused := s.screenAnswer(info); refused {
 			return nil, fmt.Errorf("resolving %s: %s: %w", name, detail, &gate.DeniedError{Decision: d, Name: name})
