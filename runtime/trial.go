@@ -120,7 +120,9 @@ func hiddenPaths(spec TrialSpec) []string {
 	}
 	add(spec.TaskDir)
 	if real, err := filepath.EvalSymlinks(spec.TaskDir); err == nil {
-		add(enclosingGitDir(real))
+		for _, g := range enclosingGitDirs(real) {
+			add(g)
+		}
 	}
 	add(spec.JobsDir)
 	add(os.Getenv("HOME"))
@@ -133,18 +135,52 @@ func hiddenPaths(spec TrialSpec) []string {
 	return out
 }
 
-// enclosingGitDir returns the .git of the nearest repository above dir (an
-// absolute path without symlinks), "" when there is none.
-func enclosingGitDir(dir string) string {
+// enclosingGitDirs returns where the nearest repository above dir (an
+// absolute path without symlinks) keeps its objects: its .git, and when
+// .git is a file (a worktree, a submodule, --separate-git-dir) the folder
+// its "gitdir:" line names and that folder's "commondir"; nil when there
+// is no repository.
+func enclosingGitDirs(dir string) []string {
 	for d := filepath.Dir(dir); ; d = filepath.Dir(d) {
 		g := filepath.Join(d, ".git")
-		if _, err := os.Lstat(g); err == nil {
-			return g
+		fi, err := os.Lstat(g)
+		if err == nil {
+			out := []string{g}
+			if fi.Mode().IsRegular() {
+				out = append(out, gitDirOf(d, g)...)
+			}
+			return out
 		}
 		if d == "/" || d == "." {
-			return ""
+			return nil
 		}
 	}
+}
+
+// gitDirOf follows a .git file (in work tree wt) to the git folder it
+// names, and that folder's commondir.
+func gitDirOf(wt, file string) []string {
+	b, err := os.ReadFile(file)
+	if err != nil || len(b) > 4096 {
+		return nil
+	}
+	p, ok := strings.CutPrefix(strings.TrimSpace(string(b)), "gitdir:")
+	if !ok {
+		return nil
+	}
+	p = strings.TrimSpace(p)
+	if !filepath.IsAbs(p) {
+		p = filepath.Join(wt, p)
+	}
+	out := []string{filepath.Clean(p)}
+	if c, err := os.ReadFile(filepath.Join(p, "commondir")); err == nil && len(c) <= 4096 {
+		common := strings.TrimSpace(string(c))
+		if !filepath.IsAbs(common) {
+			common = filepath.Join(p, common)
+		}
+		out = append(out, filepath.Clean(common))
+	}
+	return out
 }
 
 func (t *trial) run(ctx context.Context) error {

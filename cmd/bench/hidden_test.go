@@ -16,14 +16,14 @@ const hiddenAnswer = "ANSWER-7f3e-91c2"
 
 // leakAgent looks for the answer wherever the sandbox shows host files:
 // plain files under the overlaid system folders, and the loose objects of
-// any git repository there (zlib-compressed, so grep alone misses them).
+// any git object store there (zlib-compressed, so grep alone misses them).
 const leakAgent = `#!/bin/bash
 grep -rIl "` + hiddenAnswer + `" /opt /var /etc /usr/local 2>/dev/null | sed 's/^/plain: /'
 python3 - <<'PY'
 import os, zlib
 for top in ["/opt", "/var", "/usr/local"]:
     for root, dirs, files in os.walk(top):
-        if "/.git/objects/" not in root + "/":
+        if "/objects/" not in root + "/":
             continue
         for f in files:
             try:
@@ -134,4 +134,47 @@ func TestJobsFolderHiddenThroughSymlink(t *testing.T) {
 	if out := leak(t, state, link, task); strings.Contains(out, "plain: ") {
 		t.Errorf("a trial read an earlier trial's verifier output:\n%s", out)
 	}
+}
+
+// TestTaskFolderHiddenWithGitFile: when the repository around the task
+// keeps its objects elsewhere (.git is a file: --separate-git-dir, or a
+// worktree of another checkout), the folder it names is hidden too.
+func TestTaskFolderHiddenWithGitFile(t *testing.T) {
+	nstest.RequireRoot(t)
+	git := func(args ...string) {
+		t.Helper()
+		if out, err := exec.Command("git", args...).CombinedOutput(); err != nil {
+			t.Fatalf("git %v: %v\n%s", args, err, out)
+		}
+	}
+	commit := func(repo string) {
+		git("-C", repo, "add", ".")
+		git("-C", repo, "-c", "user.email=t@example.org", "-c", "user.name=t", "commit", "-qm", "tasks")
+	}
+	t.Run("separate git dir", func(t *testing.T) {
+		repo, store := optFolder(t), optFolder(t)
+		secretTask(t, filepath.Join(repo, "tasks", "secret-task"))
+		git("init", "-q", "--separate-git-dir", filepath.Join(store, "gitdir"), repo)
+		commit(repo)
+		state, jobs := t.TempDir(), t.TempDir()
+		checkCleanAtEnd(t, state, jobs)
+		if out := leak(t, state, jobs, filepath.Join(repo, "tasks", "secret-task")); strings.Contains(out, "git object: ") {
+			t.Errorf("the agent found the answer in the separate git folder:\n%s", out)
+		}
+	})
+	t.Run("worktree", func(t *testing.T) {
+		main, wt := optFolder(t), optFolder(t)
+		secretTask(t, filepath.Join(main, "tasks", "secret-task"))
+		git("init", "-q", main)
+		commit(main)
+		git("-C", main, "worktree", "add", "-q", filepath.Join(wt, "tree"))
+		state, jobs := t.TempDir(), t.TempDir()
+		checkCleanAtEnd(t, state, jobs)
+		out := leak(t, state, jobs, filepath.Join(wt, "tree", "tasks", "secret-task"))
+		// The main checkout's own copy of the task is not hidden (it is
+		// another folder); its objects are.
+		if strings.Contains(out, "git object: ") {
+			t.Errorf("the agent found the answer in the main checkout's objects:\n%s", out)
+		}
+	})
 }
