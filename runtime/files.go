@@ -229,33 +229,51 @@ func makeParents(p string, uid, gid int) error {
 	return nil
 }
 
-// maxTmpEntries bounds the entries RemoveTmpLinks walks.
-const maxTmpEntries = 1 << 20
+// maxTrapEntries bounds the entries RemoveVerifierTraps walks.
+const maxTrapEntries = 4 << 20
 
-// RemoveTmpLinks removes from the sandbox's /tmp and /var/tmp everything
-// that is not a regular file or a directory: symlinks above all, FIFOs,
-// sockets, devices. The agent can leave /tmp/out pointing at a file the
-// root verifier must not write (its reward, say), and root follows a
-// symlink in a shared sticky folder unless the host's
-// fs.protected_symlinks says otherwise. The verifier still sees the
-// agent's regular files. It returns the removed paths, as the sandbox
-// names them. Call it only when no process of the sandbox runs.
-func (s *LocalSandbox) RemoveTmpLinks() ([]string, error) {
+// RemoveVerifierTraps removes what the agent may have left to steer the
+// root verifier's writes, and returns the removed paths as the sandbox
+// names them. Root follows symlinks: a link the agent left at a path the
+// verifier writes (/tmp/out, /app/result.txt) would make it write where
+// the agent chose, such as its own reward file under /logs/verifier.
+//
+//   - In /tmp and /var/tmp, everything that is not a regular file or a
+//     folder goes (symlinks, FIFOs, sockets, devices); regular files stay.
+//   - In the work folder and the agent's home, which hold the agent's work
+//     and may hold links of its own, a symlink goes when its target names
+//     a "logs" or "proc" path element: the only way to /logs inside the
+//     sandbox is to spell it, or to go through /proc (/proc/self/root).
+//
+// Call it only when no process of the sandbox runs.
+func (s *LocalSandbox) RemoveVerifierTraps() ([]string, error) {
 	var removed []string
 	seen := 0
-	for _, d := range []struct{ host, inside string }{{s.lay.tmp(), "/tmp"}, {s.lay.varTmp(), "/var/tmp"}} {
+	for _, d := range []struct {
+		host, inside string
+		all          bool // every special file, not only links out
+	}{
+		{s.lay.tmp(), "/tmp", true}, {s.lay.varTmp(), "/var/tmp", true},
+		{s.lay.workdir(), s.st.Workdir, false}, {s.lay.home(), "/home/" + s.st.AgentUser, false},
+	} {
 		err := filepath.WalkDir(d.host, func(p string, e fs.DirEntry, err error) error {
 			if err != nil {
 				if errors.Is(err, fs.ErrNotExist) && p == d.host {
-					return fs.SkipAll // no /var/tmp of its own
+					return fs.SkipAll // no such folder of its own
 				}
 				return err
 			}
-			if seen++; seen > maxTmpEntries {
-				return fmt.Errorf("more than %d entries in /tmp and /var/tmp", maxTmpEntries)
+			if seen++; seen > maxTrapEntries {
+				return fmt.Errorf("more than %d entries to check", maxTrapEntries)
 			}
-			if t := e.Type(); t.IsRegular() || t.IsDir() {
+			t := e.Type()
+			switch {
+			case t.IsRegular() || t.IsDir():
 				return nil
+			case !d.all:
+				if t&fs.ModeSymlink == 0 || !linksOut(p) {
+					return nil
+				}
 			}
 			if err := os.Remove(p); err != nil {
 				return err
@@ -265,8 +283,23 @@ func (s *LocalSandbox) RemoveTmpLinks() ([]string, error) {
 			return nil
 		})
 		if err != nil {
-			return removed, fmt.Errorf("removing links from the sandbox's %s: %w", d.inside, err)
+			return removed, fmt.Errorf("removing what could steer the verifier from the sandbox's %s: %w", d.inside, err)
 		}
 	}
 	return removed, nil
+}
+
+// linksOut reports whether the symlink at p names a "logs" or "proc" path
+// element in its target.
+func linksOut(p string) bool {
+	target, err := os.Readlink(p)
+	if err != nil {
+		return true // unreadable: not worth the risk
+	}
+	for _, el := range strings.Split(target, "/") {
+		if el == "logs" || el == "proc" {
+			return true
+		}
+	}
+	return false
 }

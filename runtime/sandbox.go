@@ -46,9 +46,10 @@ type Sandbox interface {
 	Run(ctx context.Context, p Process) (Result, error)
 	WriteFile(path string, data []byte, mode os.FileMode, owner Owner) error
 	CopyIn(hostPath, sandboxPath string, owner Owner) error
-	// RemoveTmpLinks removes symlinks and other special files from /tmp
-	// and /var/tmp before the verifier runs, and returns their paths.
-	RemoveTmpLinks() ([]string, error)
+	// RemoveVerifierTraps removes, before the verifier runs, the links
+	// and special files the agent left that could steer root's writes,
+	// and returns their paths.
+	RemoveVerifierTraps() ([]string, error)
 	// Close ends every process and removes everything the sandbox made.
 	Close() error
 }

@@ -452,10 +452,10 @@ func (t *trial) verify(ctx context.Context) error {
 		t.endPhase(ph, nil)
 		return err
 	}
-	// Root must not write through a link the agent left in /tmp.
-	removed, err := t.sb.RemoveTmpLinks()
+	// Root must not write through a link the agent left.
+	removed, err := t.sb.RemoveVerifierTraps()
 	if len(removed) > 0 {
-		t.log.Info("removed what the agent left in /tmp that is not a file or folder, before the verifier", "paths", removed)
+		t.log.Info("removed links and special files the agent left that could steer the verifier", "paths", removed)
 	}
 	if err != nil {
 		t.endPhase(ph, nil)

@@ -9,11 +9,12 @@ import (
 	"flowgate/gate/nstest"
 )
 
-// TestVerifierTmpLinksRemoved: a symlink the agent leaves in /tmp does not
-// steer the root verifier's writes. The agent points /tmp/failed_count at
-// the verifier's reward.txt and leaves a FIFO the verifier would block on;
-// both are gone before the verifier runs, its regular files stay, and the
-// wrong answer earns the reward the verifier meant: 0.
+// TestVerifierTmpLinksRemoved: a symlink the agent leaves does not steer
+// the root verifier's writes. The agent points /tmp/failed_count and
+// /app/out.txt at the verifier's reward.txt and leaves a FIFO the verifier
+// would block on; they are gone before the verifier runs, the agent's
+// regular files and its other links stay, and the wrong answer earns the
+// reward the verifier meant: 0.
 func TestVerifierTmpLinksRemoved(t *testing.T) {
 	nstest.RequireRoot(t)
 	state, jobs := t.TempDir(), t.TempDir()
@@ -26,6 +27,9 @@ func TestVerifierTmpLinksRemoved(t *testing.T) {
 ls -l /tmp /var/tmp
 cat /tmp/notes.txt
 [ -p /tmp/fifo ] && cat /tmp/fifo
+[ -L /app/lib ] && echo "lib link kept"
+echo 1 > /app/out.txt
+echo 1 > /app/sub/rel.txt
 failed=0
 [ "$(cat /app/answer.txt 2>/dev/null)" = 42 ] || failed=1
 echo "$failed" > /tmp/failed_count
@@ -34,7 +38,9 @@ echo "{\"reward\": $r, \"failed\": $failed}" > /logs/verifier/reward.json
 `, 0o755)
 	script := filepath.Join(base, "agent.sh")
 	writeFile(t, script, "#!/bin/bash\necho 41 > /app/answer.txt\necho kept > /tmp/notes.txt\n"+
-		"ln -s /logs/verifier/reward.txt /tmp/failed_count\nmkfifo /tmp/fifo\nln -s /etc/passwd /var/tmp/p\n", 0o755)
+		"ln -s /logs/verifier/reward.txt /tmp/failed_count\nmkfifo /tmp/fifo\nln -s /etc/passwd /var/tmp/p\n"+
+		"ln -s /logs/verifier/reward.txt /app/out.txt\nmkdir /app/sub\nln -s ../../logs/verifier/reward.txt /app/sub/rel.txt\n"+
+		"ln -s /proc/self/root/logs/verifier/reward.txt /app/p.txt\nln -s /usr/lib /app/lib\n", 0o755)
 	if code, out, errs := runBench(t, "run", "--simnet", "--state-dir", state, "--jobs-dir", jobs, "--job", "j", task, "-a", "script:"+script); code != 0 {
 		t.Fatalf("bench run: exit %d\n%s\n%s", code, out, errs)
 	}
@@ -51,7 +57,8 @@ echo "{\"reward\": $r, \"failed\": $failed}" > /logs/verifier/reward.json
 	if err != nil {
 		t.Fatal(err)
 	}
-	if out := string(b); !strings.Contains(out, "kept") || strings.Contains(out, "->") || strings.Contains(out, "fifo") {
-		t.Errorf("the verifier's view of /tmp: want the agent's regular file and no link or FIFO:\n%s", out)
+	if out := string(b); !strings.Contains(out, "kept") || strings.Contains(out, "->") || strings.Contains(out, "fifo") ||
+		!strings.Contains(out, "lib link kept") {
+		t.Errorf("the verifier's view of /tmp and /app: want the agent's regular file and its /usr link, no other link or FIFO:\n%s", out)
 	}
 }
