@@ -163,12 +163,12 @@ proxied egress until 'flowgate detach' removes them (or attach runs again).`,
 			}
 			logger.Info("attached", "sandbox", sandbox, "uid", uid, "mode", policy.Mode.String())
 			<-ctx.Done()
-			err = gw.Close()
+			err = errors.Join(gw.Close(), egress.Close())
 			logger.Info("stopped; rules stay until 'flowgate detach'", "sandbox", sandbox)
 			if gw.Tampered() {
 				return &exitError{code: 3, err: errors.Join(err, errors.New("the flowgate table was changed by someone else while attached"))}
 			}
-			return errors.Join(err, egress.Close())
+			return err
 		},
 	}
 	ns.add(cmd)

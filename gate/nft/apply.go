@@ -24,19 +24,27 @@ func table() *nftables.Table {
 // effect or none; no other table is touched. Applying the same ruleset
 // twice leaves the same table. Learned addresses do not survive: the
 // learned sets start empty. The table is then read back: if the kernel
-// holds anything else than r, Apply fails and replaces the table with the
-// same sandbox's no-network ruleset (verified the same way), so that a
-// part the kernel dropped cannot leave a hole: the agent has loopback and
-// nothing else until Remove or another Apply.
+// holds anything else than r, or reading fails, Apply fails and replaces
+// the table with the same sandbox's no-network ruleset (verified the same
+// way), so that a part the kernel dropped cannot leave a hole: the agent
+// has loopback and nothing else until Remove or another Apply.
 func Apply(ns netns.NsHandle, r *Ruleset) error {
 	if !r.Exists() {
 		return errors.New("applying ruleset: empty ruleset")
 	}
 	d, err := apply(ns, r)
-	if err != nil || len(d) == 0 {
-		return err
+	if err == nil && len(d) == 0 {
+		return nil
 	}
-	msg := fmt.Sprintf("applying ruleset: the kernel holds another table than the one sent (%d differences; the first: %s)", len(d), d[0])
+	var msg string
+	switch {
+	case errors.Is(err, errReadBack):
+		msg = err.Error() // sent, but what the kernel holds is unknown
+	case err != nil:
+		return err // the transaction failed: the kernel changed nothing
+	default:
+		msg = fmt.Sprintf("applying ruleset: the kernel holds another table than the one sent (%d differences; the first: %s)", len(d), d[0])
+	}
 	const report = "if this repeats, report it with the output of flowgate audit"
 	if r.lockdown == nil {
 		return fmt.Errorf("%s; the table stays as the kernel took it: remove it (flowgate detach) and apply again; %s", msg, report)
@@ -118,10 +126,14 @@ func apply(ns netns.NsHandle, r *Ruleset) ([]Difference, error) {
 	// in part, whatever the reason, must not pass for applied.
 	live, err := Read(ns)
 	if err != nil {
-		return nil, fmt.Errorf("applying ruleset: reading it back: %w", err)
+		return nil, fmt.Errorf("applying ruleset: %w: %w", errReadBack, err)
 	}
 	return Diff(r, live), nil
 }
+
+// errReadBack marks a ruleset the kernel took but that could not be read
+// back, which Apply treats like one it took only in part.
+var errReadBack = errors.New("reading it back")
 
 // kernelExprs copies a rule's expressions with what only Apply knows: the
 // batch ids of the sets that lookups name, and the cgroup id a socket
