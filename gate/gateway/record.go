@@ -52,14 +52,17 @@ func (h *Handle) recorder(uid uint32) gate.Recorder {
 // costs it a connect), so a log may have a size bound: past it, records
 // are counted instead of written, by sandbox, uid, protocol, verdict,
 // reason and rule, and Close writes one record per such group with Count
-// set and the detail saying so. Nothing goes unaccounted, and the
-// decisions metric counts every one as it happens.
+// set and the detail saying so. Refusals may take half the bound: a flood
+// of them, which costs the agent nothing, leaves room for the lines of
+// what it did reach. Nothing goes unaccounted, and the decisions metric
+// counts every one as it happens.
 type JSONLog struct {
 	mu      sync.Mutex
 	w       io.Writer
 	err     error
 	max     int64 // 0: no bound
 	written int64
+	denied  int64 // bytes of refusals written, at most max/2
 	over    map[overKey]*gate.Record
 	order   []overKey
 	closed  bool
@@ -96,9 +99,13 @@ func (l *JSONLog) Record(r gate.Record) {
 	if l.err != nil || l.closed {
 		return
 	}
-	if l.max > 0 && l.written+int64(len(b)) > l.max {
+	refusal := r.Verdict != gate.VerdictAllow
+	if l.max > 0 && (l.written+int64(len(b)) > l.max || refusal && l.denied+int64(len(b)) > l.max/2) {
 		l.count(r)
 		return
+	}
+	if refusal {
+		l.denied += int64(len(b))
 	}
 	l.write(b)
 }
