@@ -151,6 +151,14 @@ func (s *Server) decideTLS(ctx context.Context, h *tls.ClientHelloInfo, dst neti
 	if nd.Allow && p.NeedsIntercept(host) {
 		return p.InterceptRefusal(host), host.Name
 	}
+	if nd.Allow && p.Mode == gate.Denylist {
+		// Rules written for the address bind whatever name is sent to it.
+		for _, h := range addrHosts(dst) {
+			if p.NeedsIntercept(h) {
+				return p.InterceptRefusal(h), host.Name
+			}
+		}
+	}
 	return s.decideBound(ctx, host.Name, nd, dst), host.Name
 }
 
@@ -178,10 +186,7 @@ func (s *Server) interceptRefusalAt(dst netip.Addr) (gate.Decision, bool) {
 	if p.Mode != gate.Denylist {
 		return gate.Decision{}, false
 	}
-	hosts := []gate.Host{{Addr: dst}}
-	if v4, ok := gate.NAT64Embedded(dst); ok {
-		hosts = append(hosts, gate.Host{Addr: v4})
-	}
+	hosts := addrHosts(dst)
 	for _, n := range s.namesOf(dst) {
 		hosts = append(hosts, gate.Host{Name: n})
 	}
@@ -214,7 +219,38 @@ func (s *Server) decideRequest(ctx context.Context, rawHost, path string, dst ne
 		}
 		return s.requestByAddr(dst, path), host.String()
 	}
-	return s.decideBound(ctx, host.Name, s.cfg.Policy.Request(host, path), dst), host.Name
+	d := s.decideBound(ctx, host.Name, s.cfg.Policy.Request(host, path), dst)
+	if d.Allow {
+		// Rules written for the address bind whatever name is sent to it.
+		if r := s.addrURLRule(dst, path); r != nil {
+			return gate.Decision{Reason: gate.ReasonURLBlocked, Rule: r}, host.Name
+		}
+	}
+	return d, host.Name
+}
+
+// addrHosts are the destination as URL rules may name it: the address, and
+// the IPv4 address a NAT64 address reaches.
+func addrHosts(dst netip.Addr) []gate.Host {
+	hosts := []gate.Host{{Addr: dst}}
+	if v4, ok := gate.NAT64Embedded(dst); ok {
+		hosts = append(hosts, gate.Host{Addr: v4})
+	}
+	return hosts
+}
+
+// addrURLRule returns, in denylist, a blocked_urls rule written for the
+// destination's address that covers path, or nil.
+func (s *Server) addrURLRule(dst netip.Addr, path string) *gate.Rule {
+	if s.cfg.Policy.Mode != gate.Denylist {
+		return nil
+	}
+	for _, h := range addrHosts(dst) {
+		if r := s.cfg.Policy.URLs.Match(h.String(), path); r != nil {
+			return r
+		}
+	}
+	return nil
 }
 
 // requestByAddr decides an HTTP request that names no host, or names the
@@ -227,7 +263,7 @@ func (s *Server) requestByAddr(a netip.Addr, path string) gate.Decision {
 	if !d.Allow || p.Mode != gate.Denylist {
 		return d
 	}
-	if r := p.URLs.Match(a.String(), path); r != nil {
+	if r := s.addrURLRule(a, path); r != nil {
 		return gate.Decision{Reason: gate.ReasonURLBlocked, Rule: r}
 	}
 	for _, n := range s.namesOf(a) {

@@ -405,11 +405,14 @@ func prepareRequest(req *http.Request, t target, fromProxy bool) bool {
 // Host, which flowgate checks, name allowed ones. Names are compared as a
 // CGI or WSGI gateway sees them, '_' and '-' alike ("X_Original_URL" is
 // HTTP_X_ORIGINAL_URL too). Every X-Forwarded-*, X-Original-* and
-// X-Rewrite-* header goes, and Forwarded, X-Host, X-Envoy-Original-Path.
+// X-Rewrite-* header goes, and Forwarded, X-Host, X-Envoy-Original-Path,
+// X-Script-Name (WSGI middleware moves the path's prefix into SCRIPT_NAME)
+// and X-Replaced-Path. The list is best effort: a server may route by any
+// header it likes.
 func isRerouting(name string) bool {
 	n := strings.ToLower(strings.ReplaceAll(name, "_", "-"))
 	switch n {
-	case "forwarded", "x-host", "x-envoy-original-path":
+	case "forwarded", "x-host", "x-envoy-original-path", "x-script-name", "x-replaced-path":
 		return true
 	}
 	for _, p := range []string{"x-forwarded-", "x-original-", "x-rewrite-"} {

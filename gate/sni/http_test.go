@@ -57,6 +57,11 @@ func TestHTTPHostAndPath(t *testing.T) {
 			status: "403", reason: gate.ReasonURLBlocked, rule: "sandbox.blocked_urls[0] http://example.org/papers/lattice-qcd-2026"},
 		{name: "IP host not the destination", host: "198.51.100.10", target: "/", sp: denyPaper, dst: addrOrg,
 			status: "403", reason: gate.ReasonAddrMismatch, rule: "default"},
+		// A rule written for an address binds whatever name is sent there.
+		{name: "name to an address with rules of its own", host: "example.com", target: "/papers/x", sp: spec(gate.Denylist, nil, "http://198.51.100.10/papers"), dst: addrCom,
+			status: "403", reason: gate.ReasonURLBlocked, rule: "sandbox.blocked_urls[0] http://198.51.100.10/papers"},
+		{name: "name to an address with rules of its own, other path", host: "example.com", target: "/ok", sp: spec(gate.Denylist, nil, "http://198.51.100.10/papers"), dst: addrCom,
+			status: "200", reason: gate.ReasonNotBlocked, rule: "default", upstreamURI: "/ok"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -180,7 +185,8 @@ func TestHTTPReroutingHeadersDropped(t *testing.T) {
 	dst := ap(addrOrg, portHTTP)
 	var req strings.Builder
 	req.WriteString("GET /ok HTTP/1.1\r\nHost: example.org\r\nConnection: close\r\nX-Custom: kept\r\n")
-	for _, h := range []string{"X-Original-URL", "X_Original_URL", "x-rewrite-url", "X-Envoy-Original-Path", "X-Forwarded-Uri", "X-Forwarded-Prefix"} {
+	for _, h := range []string{"X-Original-URL", "X_Original_URL", "x-rewrite-url", "X-Envoy-Original-Path", "X-Forwarded-Uri", "X-Forwarded-Prefix",
+		"X-Script-Name", "X-Replaced-Path"} {
 		req.WriteString(h + ": /papers/lattice-qcd-2026\r\n")
 	}
 	for _, h := range []string{"X-Forwarded-Host", "X_Forwarded_Host", "X-Original-Host", "X-Host", "X-Forwarded-Server"} {

@@ -106,17 +106,23 @@ func classify(p *peeker) (streamKind, error) {
 }
 
 // httpMethods are the request methods in use over HTTP/1.x: RFC 9110,
-// PATCH, WebDAV and its extensions, UPnP, cache purges, and the HTTP/2
-// preface. A stream starting with one of them and a space is HTTP, whatever
-// follows, so a server that would accept it never sees it unchecked.
+// PATCH, WebDAV and its extensions, UPnP, cache purges, the HTTP/2 preface,
+// and the rest of what llhttp (Node's parser) takes: RTSP's and ICE's
+// (Node serves "DESCRIBE / RTSP/1.0" with a Host as a request). A stream
+// starting with one of them and whitespace is HTTP, whatever follows, so a
+// server that would accept it never sees it unchecked; one that is not
+// HTTP/1.x (RTSP, SIP) is then refused, since its requests cannot be read.
 var httpMethods = map[string]bool{
 	"GET": true, "HEAD": true, "POST": true, "PUT": true, "DELETE": true, "CONNECT": true,
 	"OPTIONS": true, "TRACE": true, "PATCH": true, "QUERY": true, "PRI": true,
 	"PROPFIND": true, "PROPPATCH": true, "MKCOL": true, "COPY": true, "MOVE": true,
 	"LOCK": true, "UNLOCK": true, "SEARCH": true, "REPORT": true, "MKACTIVITY": true,
 	"CHECKOUT": true, "MERGE": true, "MKCALENDAR": true, "ACL": true, "BIND": true,
-	"M-SEARCH": true, "NOTIFY": true, "SUBSCRIBE": true, "UNSUBSCRIBE": true,
-	"PURGE": true, "LINK": true, "UNLINK": true,
+	"REBIND": true, "UNBIND": true, "M-SEARCH": true, "NOTIFY": true, "SUBSCRIBE": true,
+	"UNSUBSCRIBE": true, "PURGE": true, "LINK": true, "UNLINK": true, "SOURCE": true,
+	"DESCRIBE": true, "ANNOUNCE": true, "SETUP": true, "PLAY": true, "PAUSE": true,
+	"TEARDOWN": true, "GET_PARAMETER": true, "SET_PARAMETER": true, "REDIRECT": true,
+	"RECORD": true, "FLUSH": true,
 }
 
 // classifyBytes decides from the bytes read so far, or reports that it
@@ -193,7 +199,8 @@ func classifyBytes(b []byte) (streamKind, bool) {
 // classifyTLS reports whether b starts like TLS (isTLS), and if so the
 // kind and whether that is decided; a prefix too short to tell asks for
 // more. Records before the hello must look like what a server skips (an
-// alert of 2 bytes, a change_cipher_spec of 1), so that a binary protocol
+// alert of 2 bytes whose record version is below 0x1000, as Go's server
+// checks before a hello; a change_cipher_spec of 1), so that a binary protocol
 // whose little-endian length happens to start with 0x14 or 0x15 and 0x03
 // (a MongoDB message of 788 to 792 bytes) is not taken for TLS.
 func classifyTLS(b []byte) (kind streamKind, done, isTLS bool) {
@@ -201,11 +208,11 @@ func classifyTLS(b []byte) (kind streamKind, done, isTLS bool) {
 	switch c := b[0]; {
 	case c == 0x16:
 		return kindTLS, true, true
-	case c == 0x15: // alert: 0x15 0x03 x 0x00 0x02
+	case c == 0x15: // alert: 0x15, a version below 0x1000 (all Go checks), a length of 2
 		if !need(5) {
-			return kindOther, false, len(b) < 2 || b[1] == 0x03
+			return kindOther, false, len(b) < 2 || b[1] < 0x10
 		}
-		return kindTLS, true, b[1] == 0x03 && b[3] == 0 && b[4] == 2
+		return kindTLS, true, b[1] < 0x10 && b[3] == 0 && b[4] == 2
 	case c == 0x14: // change_cipher_spec: 0x14 0x03 x 0x00 0x01 0x01
 		if !need(6) {
 			return kindOther, false, len(b) < 2 || b[1] == 0x03
@@ -261,7 +268,9 @@ func isLineSpace(c byte) bool {
 }
 
 // endsInHTTPVersion reports whether the last word of a request line (split
-// on any whitespace) is an HTTP version, in any case: "HTTP/1.1", "http/2".
+// on any whitespace) is a protocol version: a token, a slash, digits and
+// dots ("HTTP/1.1", "http/2", "RTSP/1.0", "ICE/1.0"). Servers such as
+// Netty and llhttp take other protocols' versions on an HTTP port.
 func endsInHTTPVersion(line []byte) bool {
 	for len(line) > 0 && (isLineSpace(line[len(line)-1]) || line[len(line)-1] == '\r') {
 		line = line[:len(line)-1]
@@ -273,11 +282,16 @@ func endsInHTTPVersion(line []byte) bool {
 	if k == 0 {
 		return false // one word: no version after the method
 	}
-	w := line[k:]
-	if len(w) < len("HTTP/1") || !bytes.EqualFold(w[:5], []byte("HTTP/")) {
+	proto, version, ok := bytes.Cut(line[k:], []byte("/"))
+	if !ok || len(proto) == 0 || len(version) == 0 || !isDigit(version[0]) {
 		return false
 	}
-	for _, c := range w[5:] {
+	for _, c := range proto {
+		if !isTokenByte(c) {
+			return false
+		}
+	}
+	for _, c := range version {
 		if !isDigit(c) && c != '.' {
 			return false
 		}

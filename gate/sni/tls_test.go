@@ -38,6 +38,8 @@ func TestTLSBySNI(t *testing.T) {
 		{"fronting in allowlist", allowCom, addrOrg, "www.example.com", gate.ReasonAddrMismatch, "default"},
 		{"metadata name", spec(gate.Denylist, nil), addrCom, "metadata.google.internal", gate.ReasonMetadata, "builtin metadata.google.internal"},
 		{"public mode", spec(gate.Public, nil), addrOrg, "example.org", gate.ReasonPublic, "default"},
+		{"a name to an address with URL rules of its own", spec(gate.Denylist, nil, "http://198.51.100.10/papers"), addrCom, "example.com",
+			gate.ReasonNeedsIntercept, "sandbox.blocked_urls[0] http://198.51.100.10/papers"},
 		{"no-network", spec(gate.NoNetwork, nil), addrOrg, "example.org", gate.ReasonNoNetwork, "default"},
 	}
 	for _, tc := range cases {
