@@ -238,12 +238,14 @@ const maxTrapEntries = 4 << 20
 // verifier writes (/tmp/out, /app/result.txt) would make it write where
 // the agent chose, such as its own reward file under /logs/verifier.
 //
-//   - In /tmp and /var/tmp, everything that is not a regular file or a
-//     folder goes (symlinks, FIFOs, sockets, devices); regular files stay.
-//   - In the work folder and the agent's home, which hold the agent's work
-//     and may hold links of its own, a symlink goes when its target names
-//     a "logs" or "proc" path element: the only way to /logs inside the
-//     sandbox is to spell it, or to go through /proc (/proc/self/root).
+//   - A symlink goes when its target names a "logs" or "proc" path
+//     element: the only way to /logs inside the sandbox is to spell it, or
+//     to go through /proc (/proc/self/root). Other links stay: a project's
+//     own (a virtualenv's bin/python, node_modules/.bin) must work for the
+//     verifier. This holds in /tmp, /var/tmp, the work folder and the
+//     agent's home, the folders the agent leaves behind.
+//   - In /tmp and /var/tmp, FIFOs, sockets and devices go too (a FIFO at a
+//     path the verifier reads or writes would hang it).
 //
 // Call it only when no process of the sandbox runs.
 func (s *LocalSandbox) RemoveVerifierTraps() ([]string, error) {
@@ -251,7 +253,7 @@ func (s *LocalSandbox) RemoveVerifierTraps() ([]string, error) {
 	seen := 0
 	for _, d := range []struct {
 		host, inside string
-		all          bool // every special file, not only links out
+		special      bool // FIFOs, sockets and devices go too
 	}{
 		{s.lay.tmp(), "/tmp", true}, {s.lay.varTmp(), "/var/tmp", true},
 		{s.lay.workdir(), s.st.Workdir, false}, {s.lay.home(), "/home/" + s.st.AgentUser, false},
@@ -270,10 +272,12 @@ func (s *LocalSandbox) RemoveVerifierTraps() ([]string, error) {
 			switch {
 			case t.IsRegular() || t.IsDir():
 				return nil
-			case !d.all:
-				if t&fs.ModeSymlink == 0 || !linksOut(p) {
+			case t&fs.ModeSymlink != 0:
+				if !linksOut(p) {
 					return nil
 				}
+			case !d.special:
+				return nil
 			}
 			if err := os.Remove(p); err != nil {
 				return err

@@ -13,8 +13,8 @@ import (
 // the root verifier's writes. The agent points /tmp/failed_count and
 // /app/out.txt at the verifier's reward.txt and leaves a FIFO the verifier
 // would block on; they are gone before the verifier runs, the agent's
-// regular files and its other links stay, and the wrong answer earns the
-// reward the verifier meant: 0.
+// regular files and its project links (a virtualenv in /tmp, /app/lib)
+// stay, and the wrong answer earns the reward the verifier meant: 0.
 func TestVerifierTmpLinksRemoved(t *testing.T) {
 	nstest.RequireRoot(t)
 	state, jobs := t.TempDir(), t.TempDir()
@@ -28,6 +28,8 @@ ls -l /tmp /var/tmp
 cat /tmp/notes.txt
 [ -p /tmp/fifo ] && cat /tmp/fifo
 [ -L /app/lib ] && echo "lib link kept"
+/tmp/venv/bin/python3 -c 'print("venv link kept")'
+[ -e /tmp/failed_count ] || echo "failed_count link gone"
 echo 1 > /app/out.txt
 echo 1 > /app/sub/rel.txt
 failed=0
@@ -38,7 +40,7 @@ echo "{\"reward\": $r, \"failed\": $failed}" > /logs/verifier/reward.json
 `, 0o755)
 	script := filepath.Join(base, "agent.sh")
 	writeFile(t, script, "#!/bin/bash\necho 41 > /app/answer.txt\necho kept > /tmp/notes.txt\n"+
-		"ln -s /logs/verifier/reward.txt /tmp/failed_count\nmkfifo /tmp/fifo\nln -s /etc/passwd /var/tmp/p\n"+
+		"ln -s /logs/verifier/reward.txt /tmp/failed_count\nmkfifo /tmp/fifo\nmkdir -p /tmp/venv/bin\nln -s /usr/bin/python3 /tmp/venv/bin/python3\n"+
 		"ln -s /logs/verifier/reward.txt /app/out.txt\nmkdir /app/sub\nln -s ../../logs/verifier/reward.txt /app/sub/rel.txt\n"+
 		"ln -s /proc/self/root/logs/verifier/reward.txt /app/p.txt\nln -s /usr/lib /app/lib\n", 0o755)
 	if code, out, errs := runBench(t, "run", "--simnet", "--state-dir", state, "--jobs-dir", jobs, "--job", "j", task, "-a", "script:"+script); code != 0 {
@@ -57,8 +59,13 @@ echo "{\"reward\": $r, \"failed\": $failed}" > /logs/verifier/reward.json
 	if err != nil {
 		t.Fatal(err)
 	}
-	if out := string(b); !strings.Contains(out, "kept") || strings.Contains(out, "->") || strings.Contains(out, "fifo") ||
-		!strings.Contains(out, "lib link kept") {
-		t.Errorf("the verifier's view of /tmp and /app: want the agent's regular file and its /usr link, no other link or FIFO:\n%s", out)
+	out := string(b)
+	for _, want := range []string{"kept\n", "lib link kept", "venv link kept", "failed_count link gone"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the verifier did not print %q: want the agent's files and project links kept, links to /logs gone:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "fifo") || strings.Contains(out, "logs/verifier") {
+		t.Errorf("the verifier saw the agent's FIFO or a link to its logs:\n%s", out)
 	}
 }
