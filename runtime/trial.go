@@ -136,10 +136,11 @@ func hiddenPaths(spec TrialSpec) []string {
 }
 
 // enclosingGitDirs returns where the nearest repository above dir (an
-// absolute path without symlinks) keeps its objects: its .git, and when
-// .git is a file (a worktree, a submodule, --separate-git-dir) the folder
-// its "gitdir:" line names and that folder's "commondir"; nil when there
-// is no repository.
+// absolute path without symlinks) keeps its objects: its .git; when .git
+// is a file (a worktree, a submodule, --separate-git-dir) the folder its
+// "gitdir:" line names and that folder's "commondir"; and the object
+// stores their objects/info/alternates name (a clone made with --shared or
+// --reference), followed a few levels. Nil when there is no repository.
 func enclosingGitDirs(dir string) []string {
 	for d := filepath.Dir(dir); ; d = filepath.Dir(d) {
 		g := filepath.Join(d, ".git")
@@ -149,12 +150,47 @@ func enclosingGitDirs(dir string) []string {
 			if fi.Mode().IsRegular() {
 				out = append(out, gitDirOf(d, g)...)
 			}
-			return out
+			return append(out, alternates(out)...)
 		}
 		if d == "/" || d == "." {
 			return nil
 		}
 	}
+}
+
+// alternates returns the object stores that the git folders' (and, in
+// turn, those stores') objects/info/alternates name, at most 16.
+func alternates(gitDirs []string) []string {
+	var out []string
+	queue := make([]string, 0, len(gitDirs))
+	for _, g := range gitDirs {
+		queue = append(queue, filepath.Join(g, "objects"))
+	}
+	seen := map[string]bool{}
+	for len(queue) > 0 && len(out) < 16 {
+		objects := queue[0]
+		queue = queue[1:]
+		b, err := os.ReadFile(filepath.Join(objects, "info", "alternates"))
+		if err != nil || len(b) > 64<<10 {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			line = strings.TrimSpace(line)
+			if line == "" || strings.HasPrefix(line, "#") {
+				continue
+			}
+			if !filepath.IsAbs(line) {
+				line = filepath.Join(objects, line)
+			}
+			line = filepath.Clean(line)
+			if !seen[line] && len(out) < 16 {
+				seen[line] = true
+				out = append(out, line)
+				queue = append(queue, line)
+			}
+		}
+	}
+	return out
 }
 
 // gitDirOf follows a .git file (in work tree wt) to the git folder it

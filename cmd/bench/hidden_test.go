@@ -138,7 +138,8 @@ func TestJobsFolderHiddenThroughSymlink(t *testing.T) {
 
 // TestTaskFolderHiddenWithGitFile: when the repository around the task
 // keeps its objects elsewhere (.git is a file: --separate-git-dir, or a
-// worktree of another checkout), the folder it names is hidden too.
+// worktree of another checkout; or its objects borrow another store: a
+// clone made with --shared), those are hidden too.
 func TestTaskFolderHiddenWithGitFile(t *testing.T) {
 	nstest.RequireRoot(t)
 	git := func(args ...string) {
@@ -160,6 +161,19 @@ func TestTaskFolderHiddenWithGitFile(t *testing.T) {
 		checkCleanAtEnd(t, state, jobs)
 		if out := leak(t, state, jobs, filepath.Join(repo, "tasks", "secret-task")); strings.Contains(out, "git object: ") {
 			t.Errorf("the agent found the answer in the separate git folder:\n%s", out)
+		}
+	})
+	t.Run("alternates", func(t *testing.T) {
+		source, clone := optFolder(t), optFolder(t)
+		secretTask(t, filepath.Join(source, "tasks", "secret-task"))
+		git("init", "-q", source)
+		commit(source)
+		git("clone", "-q", "--shared", source, filepath.Join(clone, "tree"))
+		state, jobs := t.TempDir(), t.TempDir()
+		checkCleanAtEnd(t, state, jobs)
+		out := leak(t, state, jobs, filepath.Join(clone, "tree", "tasks", "secret-task"))
+		if strings.Contains(out, "git object: ") {
+			t.Errorf("the agent found the answer in the store the clone borrows from:\n%s", out)
 		}
 	})
 	t.Run("worktree", func(t *testing.T) {
