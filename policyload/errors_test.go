@@ -2,6 +2,7 @@ package policyload
 
 import (
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -225,4 +226,37 @@ func TestLoadTaskNotRegular(t *testing.T) {
 	dir = writeTask(t, map[string]string{"task.toml/x": "", "instruction.md": "x"})
 	_, err = LoadTask(dir)
 	checkFieldErr(t, err, wantErr{file: "task.toml", msg: "not a regular file"})
+}
+
+// A task file that links out of the task folder is refused: bench reads
+// the task as root and passes its prompt into the sandbox. A link inside
+// the folder is followed.
+func TestLoadTaskSymlinks(t *testing.T) {
+	secret := filepath.Join(t.TempDir(), "secret.txt")
+	if err := os.WriteFile(secret, []byte("host secret"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, target := range []string{secret, "/proc/self/environ", "../outside.md"} {
+		dir := writeTask(t, map[string]string{"task.toml": "[agent]\ntimeout_sec = 60\n"})
+		if err := os.Symlink(target, filepath.Join(dir, "instruction.md")); err != nil {
+			t.Fatal(err)
+		}
+		os.WriteFile(filepath.Join(filepath.Dir(dir), "outside.md"), []byte("outside"), 0o644)
+		_, err := LoadTask(dir)
+		checkFieldErr(t, err, wantErr{file: "instruction.md", msg: "a symlink out of the task folder"})
+	}
+	dir := writeTask(t, map[string]string{"task.toml": "[agent]\ntimeout_sec = 60\n", "prompts/main.md": "Do the thing."})
+	if err := os.Symlink("prompts/main.md", filepath.Join(dir, "instruction.md")); err != nil {
+		t.Fatal(err)
+	}
+	task, err := LoadTask(dir)
+	if err != nil || task.Prompt != "Do the thing." {
+		t.Fatalf("a link inside the task folder: %v, %+v", err, task)
+	}
+	dir = writeTask(t, map[string]string{"task.toml": "[agent]\ntimeout_sec = 60\n"})
+	if err := os.Symlink("nothing.md", filepath.Join(dir, "instruction.md")); err != nil {
+		t.Fatal(err)
+	}
+	_, err = LoadTask(dir)
+	checkFieldErr(t, err, wantErr{file: "instruction.md", msg: "a symlink that does not resolve"})
 }

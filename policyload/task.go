@@ -149,12 +149,36 @@ func (p *parsed) written(field string) string {
 
 // readTaskFile reads a regular file of at most MaxFileSize bytes; a missing
 // file is not an error. It opens without blocking, so that a FIFO planted
-// in a task folder is refused instead of hanging the loader.
+// in a task folder is refused instead of hanging the loader. A symlink is
+// followed only to a file inside the task folder: bench reads the task as
+// root and passes its prompt into the sandbox, so a task whose
+// instruction.md links to /proc/self/environ or a file in root's home
+// would carry host secrets in.
 func readTaskFile(path string) ([]byte, bool, error) {
-	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	fi, err := os.Lstat(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, false, nil
 	}
+	if err != nil {
+		return nil, false, fmt.Errorf("reading %s: %w", path, err)
+	}
+	open := path
+	if fi.Mode()&fs.ModeSymlink != 0 {
+		real, err := filepath.EvalSymlinks(path)
+		if err != nil {
+			return nil, false, fieldErr(path, 0, "", "", "a symlink that does not resolve: "+err.Error(), "")
+		}
+		dir, err := filepath.EvalSymlinks(filepath.Dir(path))
+		if err != nil {
+			return nil, false, fmt.Errorf("reading %s: %w", path, err)
+		}
+		if !strings.HasPrefix(real, dir+string(filepath.Separator)) {
+			return nil, false, fieldErr(path, 0, "", "", fmt.Sprintf("a symlink out of the task folder (to %s)", real),
+				"copy the file into the task folder")
+		}
+		open = real
+	}
+	f, err := os.OpenFile(open, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_NOFOLLOW, 0)
 	if err != nil {
 		return nil, false, fmt.Errorf("reading %s: %w", path, err)
 	}
