@@ -10,7 +10,9 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"flowgate/gate"
@@ -43,6 +45,11 @@ func newTrialDir(jobsDir, job, task string) (*trialDir, error) {
 		return nil, err
 	}
 	id := hex.EncodeToString(b[:])
+	// A --jobs-dir given as a symlink is the caller's choice: resolved
+	// once here, and everything below it checked (checkOwnFolder).
+	if real, err := filepath.EvalSymlinks(jobsDir); err == nil {
+		jobsDir = real
+	}
 	name := unsafeName.ReplaceAllString(filepath.Base(task), "-")
 	if name == "" || name == "." || name == ".." {
 		name = "task"
@@ -55,10 +62,15 @@ func newTrialDir(jobsDir, job, task string) (*trialDir, error) {
 		d.made = append(d.made, p)
 	}
 	if err := os.MkdirAll(filepath.Dir(d.path), 0o755); err != nil {
-		return nil, fmt.Errorf("creating job folder: %w", err)
+		return nil, errors.Join(fmt.Errorf("creating job folder: %w", err), d.removeMade())
+	}
+	for _, p := range []string{jobsDir, filepath.Join(jobsDir, job)} {
+		if err := checkOwnFolder(p); err != nil {
+			return nil, errors.Join(err, d.removeMade())
+		}
 	}
 	if err := os.Mkdir(d.path, 0o755); err != nil {
-		return nil, fmt.Errorf("creating trial folder: %w", err)
+		return nil, errors.Join(fmt.Errorf("creating trial folder: %w", err), d.removeMade())
 	}
 	for _, sub := range []string{"agent", "verifier", "trajectory", "network", "logs"} {
 		if err := os.Mkdir(filepath.Join(d.path, sub), 0o755); err != nil {
@@ -66,6 +78,49 @@ func newTrialDir(jobsDir, job, task string) (*trialDir, error) {
 		}
 	}
 	return d, nil
+}
+
+// checkOwnFolder refuses a jobs or job folder that another user could
+// change under bench: a symlink (bench would write wherever it points), a
+// folder owned by someone else than bench's user or the user who ran it
+// through sudo, or one writable by its group or by all (a rename and a
+// symlink in its place would make bench, root, remove and write
+// elsewhere).
+func checkOwnFolder(p string) error {
+	fi, err := os.Lstat(p)
+	if err != nil {
+		return fmt.Errorf("checking %s: %w", p, err)
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	switch {
+	case fi.Mode()&fs.ModeSymlink != 0:
+		return fmt.Errorf("jobs folder %s is a symlink: give the folder it points to (bench writes the trial there as %s)", p, whoami())
+	case !fi.IsDir():
+		return fmt.Errorf("jobs folder %s is not a folder", p)
+	case !ok:
+		return fmt.Errorf("checking %s: no owner", p)
+	case st.Uid != uint32(os.Geteuid()) && strconv.Itoa(int(st.Uid)) != os.Getenv("SUDO_UID"):
+		return fmt.Errorf("jobs folder %s belongs to uid %d: another user could swap its contents while bench writes there as %s; use a folder of your own", p, st.Uid, whoami())
+	case fi.Mode().Perm()&0o022 != 0:
+		return fmt.Errorf("jobs folder %s is writable by others (mode %v): another user could swap its contents while bench writes there; chmod go-w it", p, fi.Mode().Perm())
+	}
+	return nil
+}
+
+func whoami() string {
+	if os.Geteuid() == 0 {
+		return "root"
+	}
+	return "uid " + strconv.Itoa(os.Geteuid())
+}
+
+// removeMade removes the folders newTrialDir created above the trial
+// folder, when empty.
+func (d *trialDir) removeMade() error {
+	for _, p := range d.made {
+		_ = os.Remove(p) // only succeeds when empty
+	}
+	return nil
 }
 
 func (d *trialDir) file(rel string) string { return filepath.Join(d.path, rel) }

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 
+	"flowgate/gate/nstest"
+
 	"golang.org/x/sys/unix"
 )
 
@@ -232,5 +234,61 @@ func mustSymlink(t *testing.T, target, p string) {
 	}
 	if err := os.Symlink(target, p); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestTrialDirRefusesFoldersOthersControl: a job folder that is a symlink,
+// belongs to another user or is writable by others is refused, and what
+// newTrialDir made is gone; a --jobs-dir given as a symlink is resolved.
+func TestTrialDirRefusesFoldersOthersControl(t *testing.T) {
+	nstest.RequireRoot(t) // chown to another uid
+	jobs := t.TempDir()
+	elsewhere := t.TempDir()
+	if err := os.Symlink(elsewhere, filepath.Join(jobs, "linked")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := newTrialDir(jobs, "linked", "task"); err == nil || !strings.Contains(err.Error(), "is a symlink") {
+		t.Errorf("a job folder that is a symlink: %v", err)
+	}
+	other := filepath.Join(jobs, "other")
+	if err := os.Mkdir(other, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(other, 1000, 1000); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := newTrialDir(jobs, "other", "task"); err == nil || !strings.Contains(err.Error(), "belongs to uid 1000") {
+		t.Errorf("a job folder of another user: %v", err)
+	}
+	open := filepath.Join(jobs, "open")
+	if err := os.Mkdir(open, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(open, 0o777)
+	if _, err := newTrialDir(jobs, "open", "task"); err == nil || !strings.Contains(err.Error(), "writable by others") {
+		t.Errorf("a world-writable job folder: %v", err)
+	}
+	if ents, _ := os.ReadDir(elsewhere); len(ents) != 0 {
+		t.Errorf("bench wrote through the symlink: %v", ents)
+	}
+	// A fresh jobs folder that is refused leaves nothing.
+	fresh := filepath.Join(t.TempDir(), "jobs")
+	if _, err := newTrialDir(fresh, strings.Repeat("j", 300), "task"); err == nil {
+		t.Fatal("a 300-byte job name was accepted")
+	}
+	if _, err := os.Lstat(fresh); !os.IsNotExist(err) {
+		t.Errorf("a refused run left %s behind", fresh)
+	}
+	// A jobs folder given through a symlink works.
+	link := filepath.Join(t.TempDir(), "jobs-link")
+	if err := os.Symlink(jobs, link); err != nil {
+		t.Fatal(err)
+	}
+	d, err := newTrialDir(link, "fine", "task")
+	if err != nil {
+		t.Fatalf("a --jobs-dir given as a symlink: %v", err)
+	}
+	if !strings.HasPrefix(d.path, jobs+"/fine/") {
+		t.Errorf("trial folder %s, want it under the resolved %s", d.path, jobs)
 	}
 }
