@@ -128,6 +128,25 @@ func (p *Policy) InterceptRefusal(h Host) Decision {
 	return deny(ReasonNeedsIntercept, p.URLs.First(h.String()))
 }
 
+// local decides, in the restricted modes, a loopback or unspecified
+// address as the sandbox does: 127.0.0.1 and ::1 are the agent's own
+// loopback, always reachable (the model proxy listens there); any other
+// loopback address, and 0.0.0.0 or ::, is refused (reason loopback: such
+// addresses can hold forwarders, as Docker's resolver at 127.0.0.11).
+func (p *Policy) local(h Host) (Decision, bool) {
+	if !h.IsAddr() || p.Mode == Public {
+		return Decision{}, false
+	}
+	a := h.Addr.Unmap()
+	switch {
+	case a == netip.AddrFrom4([4]byte{127, 0, 0, 1}) || a == netip.IPv6Loopback():
+		return allow(ReasonLocal, nil), true
+	case a.IsLoopback() || a.IsUnspecified():
+		return deny(ReasonLoopback, nil), true
+	}
+	return Decision{}, false
+}
+
 // Target decides what `flowgate check` is given: a host, "host:port", or an
 // http(s) URL (its query is ignored), without touching the network, as the
 // gateway of this build would. An https URL to a host that blocked_urls
@@ -138,6 +157,9 @@ func (p *Policy) Target(t string) (Decision, error) {
 		h, _, err := ParseTarget(t)
 		if err != nil {
 			return Decision{}, err
+		}
+		if d, ok := p.local(h); ok {
+			return d, nil
 		}
 		return p.Host(h), nil
 	}
@@ -154,6 +176,9 @@ func (p *Policy) Target(t string) (Decision, error) {
 	h, _, err := ParseTarget(u.Host)
 	if err != nil {
 		return Decision{}, err
+	}
+	if d, ok := p.local(h); ok {
+		return d, nil
 	}
 	path, err := CanonicalPath(u.EscapedPath())
 	if err != nil {

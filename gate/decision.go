@@ -17,6 +17,7 @@ const (
 	ReasonServiceAllowed Reason = "service_allowed" // allowlist: a service name matched
 	ReasonCIDRAllowed    Reason = "cidr_allowed"    // allowlist: an address or CIDR rule matched
 	ReasonLearned        Reason = "learned"         // allowlist: the address came from an allowed DNS answer
+	ReasonLocal          Reason = "local"           // 127.0.0.1 or ::1: the sandbox's own loopback (the model proxy)
 )
 
 // Reasons for denying.
@@ -47,7 +48,7 @@ const (
 // AllReasons lists the closed set of reason codes.
 func AllReasons() []Reason {
 	return []Reason{
-		ReasonPublic, ReasonNotBlocked, ReasonHostAllowed, ReasonServiceAllowed, ReasonCIDRAllowed, ReasonLearned,
+		ReasonPublic, ReasonNotBlocked, ReasonHostAllowed, ReasonServiceAllowed, ReasonCIDRAllowed, ReasonLearned, ReasonLocal,
 		ReasonMetadata, ReasonNoNetwork, ReasonHostBlocked, ReasonURLBlocked, ReasonCIDRBlocked, ReasonNotAllowed,
 		ReasonUnknownAddress, ReasonAddressBlocked, ReasonAddrMismatch, ReasonNameMismatch, ReasonECH,
 		ReasonNeedsIntercept, ReasonDoHCanary, ReasonBadName, ReasonBadRequest, ReasonLoop, ReasonLimit,

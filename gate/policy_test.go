@@ -269,3 +269,29 @@ func TestNAT64Forms(t *testing.T) {
 		t.Errorf("allowlist admits the NAT64 form of an allowed CIDR: %s", d.Reason)
 	}
 }
+
+// TestTargetLoopback: check answers loopback targets as the sandbox does:
+// in the restricted modes 127.0.0.1 and ::1 are the agent's own (local),
+// other loopback and unspecified addresses are refused (loopback); public
+// mode leaves loopback alone.
+func TestTargetLoopback(t *testing.T) {
+	deny := mustCompile(t, Spec{Mode: Denylist})
+	none := mustCompile(t, Spec{Mode: NoNetwork})
+	all := mustCompile(t, Spec{Mode: Allowlist, AllowedHosts: entries("sandbox.allowed_hosts", "0.0.0.0/0")})
+	pub := mustCompile(t, Spec{Mode: Public})
+	for _, c := range []struct {
+		p      *Policy
+		target string
+		reason Reason
+	}{
+		{deny, "127.0.0.1:8080", ReasonLocal}, {none, "127.0.0.1", ReasonLocal}, {none, "http://[::1]:8080/v1", ReasonLocal},
+		{deny, "127.0.0.2", ReasonLoopback}, {deny, "127.0.0.11:53", ReasonLoopback}, {deny, "0.0.0.0", ReasonLoopback},
+		{all, "127.0.0.2", ReasonLoopback}, {all, "http://[::]:80/", ReasonLoopback}, {none, "[::ffff:127.0.0.2]:80", ReasonLoopback},
+		{pub, "127.0.0.2", ReasonPublic},
+	} {
+		d, err := c.p.Target(c.target)
+		if err != nil || d.Reason != c.reason || d.Allow != (c.reason != ReasonLoopback) {
+			t.Errorf("%s: Target(%q) = %s %s, %v; want %s", c.p.Mode, c.target, d.Verdict(), d.Reason, err, c.reason)
+		}
+	}
+}
