@@ -260,3 +260,11 @@ func TestLoadTaskSymlinks(t *testing.T) {
 	_, err = LoadTask(dir)
 	checkFieldErr(t, err, wantErr{file: "instruction.md", msg: "a symlink that does not resolve"})
 }
+
+// A timeout past 30 days is refused, naming the field: 1e12 seconds
+// overflowed a duration into a negative one, which became the default.
+func TestLoadTaskHugeTimeout(t *testing.T) {
+	dir := writeTask(t, map[string]string{"task.toml": "[agent]\ntimeout_sec = 1e12\n", "instruction.md": "x"})
+	_, err := LoadTask(dir)
+	checkFieldErr(t, err, wantErr{file: "task.toml", line: 2, field: "agent.timeout_sec", msg: "longer than 2592000 seconds"})
+}

@@ -145,6 +145,22 @@ func (p *parsed) checkArtifacts() error {
 	return nil
 }
 
+// MaxTimeoutSec bounds every timeout a task sets: 30 days, far past any
+// benchmark, and far below what a duration holds (a larger number would
+// overflow into a negative one).
+const MaxTimeoutSec = 30 * 24 * 3600
+
+// timeout checks a timeout in seconds: not negative, at most MaxTimeoutSec.
+func (p *parsed) timeout(field string, v float64) error {
+	if err := p.nonNegative(field, v); err != nil {
+		return err
+	}
+	if v > MaxTimeoutSec {
+		return p.errAt(field, formatFloat(v), fmt.Sprintf("longer than %d seconds (30 days)", MaxTimeoutSec), "")
+	}
+	return nil
+}
+
 func (p *parsed) nonNegative(field string, v float64) error {
 	if v < 0 {
 		return p.errAt(field, formatFloat(v), "must not be negative", "")
@@ -170,7 +186,7 @@ func (p *parsed) checkUser(field string, u User) error {
 }
 
 func (p *parsed) checkAgentCommon(prefix string, timeout float64, u User) error {
-	if err := p.nonNegative(prefix+".timeout_sec", timeout); err != nil {
+	if err := p.timeout(prefix+".timeout_sec", timeout); err != nil {
 		return err
 	}
 	if err := p.checkUser(prefix+".user", u); err != nil {
@@ -186,7 +202,7 @@ func (p *parsed) checkAgentCommon(prefix string, timeout float64, u User) error 
 }
 
 func (p *parsed) checkVerifier(prefix string, v *Verifier, refs map[string]bool) error {
-	if err := p.nonNegative(prefix+".timeout_sec", v.TimeoutSec); err != nil {
+	if err := p.timeout(prefix+".timeout_sec", v.TimeoutSec); err != nil {
 		return err
 	}
 	if err := p.checkUser(prefix+".user", v.User); err != nil {
@@ -221,7 +237,7 @@ func (p *parsed) checkSandbox(sb string, refs map[string]bool) error {
 	if err := p.checkDir(sb+".workdir", s.Workdir); err != nil {
 		return err
 	}
-	if err := p.nonNegative(sb+".build_timeout_sec", s.BuildTimeoutSec); err != nil {
+	if err := p.timeout(sb+".build_timeout_sec", s.BuildTimeoutSec); err != nil {
 		return err
 	}
 	if err := p.checkEnv(sb+".env", s.Env, refs); err != nil {
@@ -232,7 +248,7 @@ func (p *parsed) checkSandbox(sb string, refs map[string]bool) error {
 		if strings.TrimSpace(c.Command) == "" {
 			return p.errAt(f+".command", c.Command, "a setup command needs a command", "")
 		}
-		if err := p.nonNegative(f+".timeout_sec", c.TimeoutSec); err != nil {
+		if err := p.timeout(f+".timeout_sec", c.TimeoutSec); err != nil {
 			return err
 		}
 		if err := p.checkDir(f+".cwd", c.Cwd); err != nil {
