@@ -148,7 +148,16 @@ func (hs *httpSession) serve(req *http.Request) bool {
 		hs.refuse(d, t.name, t.path, detail)
 		return false
 	}
-	if err := hs.upstream(t, &d); err != nil {
+	err := hs.upstream(t, &d)
+	if err == nil && hs.kind == sessProxy {
+		// Rules written for the address dialled bind whatever name the
+		// request sent there (the transparent path checks its own).
+		if r := hs.s.addrURLRule(hs.upAddr.Addr(), t.path); r != nil {
+			hs.refuse(gate.Decision{Reason: gate.ReasonURLBlocked, Rule: r}, t.name, t.path, "")
+			return false
+		}
+	}
+	if err != nil {
 		if !d.Allow {
 			hs.refuse(d, t.name, t.path, err.Error())
 			return false

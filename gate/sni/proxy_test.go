@@ -185,6 +185,26 @@ func TestConnectTunnelHTTP(t *testing.T) {
 	f2.rec.wait(t, "name_mismatch", func(r gate.Record) bool { return r.Proto == gate.ProtoHTTP && r.Reason == gate.ReasonNameMismatch })
 }
 
+// TestProxyAddressURLRules: blocked_urls rules written for an address bind
+// an absolute-form request to a name that resolves there, on every request
+// of the connection.
+func TestProxyAddressURLRules(t *testing.T) {
+	f := newLoopFixture(t, spec(gate.Denylist, nil, "http://198.51.100.11/papers"), nil)
+	c := f.proxyConn(t)
+	io.WriteString(c, "GET http://example.org/ok HTTP/1.1\r\nHost: example.org\r\n\r\n"+
+		"GET http://example.org/papers/x HTTP/1.1\r\nHost: example.org\r\n\r\n")
+	br := bufio.NewReader(c)
+	r1, err := http.ReadResponse(br, nil)
+	if err != nil || r1.StatusCode != 200 {
+		t.Fatalf("first: %v %v", r1, err)
+	}
+	io.ReadAll(r1.Body)
+	r2, err := http.ReadResponse(br, nil)
+	if err != nil || r2.StatusCode != 403 || r2.Header.Get(ReasonHeader) != "url_blocked" {
+		t.Fatalf("second, to an address with rules of its own: %v %v", r2, err)
+	}
+}
+
 func TestProxyAbsoluteForm(t *testing.T) {
 	f := newLoopFixture(t, denyPaper, nil)
 	c := f.proxyConn(t)
