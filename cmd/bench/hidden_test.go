@@ -152,43 +152,44 @@ func TestTaskFolderHiddenWithGitFile(t *testing.T) {
 		git("-C", repo, "add", ".")
 		git("-C", repo, "-c", "user.email=t@example.org", "-c", "user.name=t", "commit", "-qm", "tasks")
 	}
-	t.Run("separate git dir", func(t *testing.T) {
-		repo, store := optFolder(t), optFolder(t)
-		secretTask(t, filepath.Join(repo, "tasks", "secret-task"))
-		git("init", "-q", "--separate-git-dir", filepath.Join(store, "gitdir"), repo)
-		commit(repo)
-		state, jobs := t.TempDir(), t.TempDir()
-		checkCleanAtEnd(t, state, jobs)
-		if out := leak(t, state, jobs, filepath.Join(repo, "tasks", "secret-task")); strings.Contains(out, "git object: ") {
-			t.Errorf("the agent found the answer in the separate git folder:\n%s", out)
-		}
-	})
-	t.Run("alternates", func(t *testing.T) {
-		source, clone := optFolder(t), optFolder(t)
-		secretTask(t, filepath.Join(source, "tasks", "secret-task"))
-		git("init", "-q", source)
-		commit(source)
-		git("clone", "-q", "--shared", source, filepath.Join(clone, "tree"))
-		state, jobs := t.TempDir(), t.TempDir()
-		checkCleanAtEnd(t, state, jobs)
-		out := leak(t, state, jobs, filepath.Join(clone, "tree", "tasks", "secret-task"))
-		if strings.Contains(out, "git object: ") {
-			t.Errorf("the agent found the answer in the store the clone borrows from:\n%s", out)
-		}
-	})
-	t.Run("worktree", func(t *testing.T) {
-		main, wt := optFolder(t), optFolder(t)
-		secretTask(t, filepath.Join(main, "tasks", "secret-task"))
-		git("init", "-q", main)
-		commit(main)
-		git("-C", main, "worktree", "add", "-q", filepath.Join(wt, "tree"))
-		state, jobs := t.TempDir(), t.TempDir()
-		checkCleanAtEnd(t, state, jobs)
-		out := leak(t, state, jobs, filepath.Join(wt, "tree", "tasks", "secret-task"))
-		// The main checkout's own copy of the task is not hidden (it is
-		// another folder); its objects are.
-		if strings.Contains(out, "git object: ") {
-			t.Errorf("the agent found the answer in the main checkout's objects:\n%s", out)
-		}
-	})
+	for _, c := range []struct {
+		name string
+		// make builds the repository and returns the task folder to run.
+		make func(t *testing.T) string
+	}{
+		{"separate git dir", func(t *testing.T) string {
+			repo, store := optFolder(t), optFolder(t)
+			secretTask(t, filepath.Join(repo, "tasks", "secret-task"))
+			git("init", "-q", "--separate-git-dir", filepath.Join(store, "gitdir"), repo)
+			commit(repo)
+			return filepath.Join(repo, "tasks", "secret-task")
+		}},
+		{"alternates", func(t *testing.T) string {
+			source, clone := optFolder(t), optFolder(t)
+			secretTask(t, filepath.Join(source, "tasks", "secret-task"))
+			git("init", "-q", source)
+			commit(source)
+			git("clone", "-q", "--shared", source, filepath.Join(clone, "tree"))
+			return filepath.Join(clone, "tree", "tasks", "secret-task")
+		}},
+		{"worktree", func(t *testing.T) string {
+			main, wt := optFolder(t), optFolder(t)
+			secretTask(t, filepath.Join(main, "tasks", "secret-task"))
+			git("init", "-q", main)
+			commit(main)
+			git("-C", main, "worktree", "add", "-q", filepath.Join(wt, "tree"))
+			return filepath.Join(wt, "tree", "tasks", "secret-task")
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			task := c.make(t)
+			state, jobs := t.TempDir(), t.TempDir()
+			checkCleanAtEnd(t, state, jobs)
+			// The other checkout's own copy of the task (alternates,
+			// worktree) is another folder, not hidden; its objects are.
+			if out := leak(t, state, jobs, task); strings.Contains(out, "git object: ") {
+				t.Errorf("the agent found the answer in git objects the task's repository uses:\n%s", out)
+			}
+		})
+	}
 }

@@ -180,6 +180,17 @@ func TestProcessConnectionBudget(t *testing.T) {
 	f.dialTransparent(t, ap(addrUnknown, 1000))
 	g.dialTransparent(t, ap(addrUnknown, 1001))
 	time.Sleep(100 * time.Millisecond) // both accepted and holding a slot
+	wantClosedAtOnce(t, f, "a connection past the process's budget")
+	r := f.rec.wait(t, "limit", func(r gate.Record) bool { return r.Reason == gate.ReasonLimit })
+	if !strings.Contains(r.Detail, "the process serves 2 connections") {
+		t.Errorf("limit record %+v does not name the process budget", r)
+	}
+}
+
+// wantClosedAtOnce connects to f's transparent port and wants the
+// connection reset at once: at connect, or at the first read.
+func wantClosedAtOnce(t *testing.T, f *loopFixture, what string) {
+	t.Helper()
 	c, err := net.Dial("tcp", f.tl.Addr().String())
 	if err == nil {
 		defer c.Close()
@@ -187,11 +198,7 @@ func TestProcessConnectionBudget(t *testing.T) {
 		_, err = c.Read(make([]byte, 1))
 	}
 	if err == nil || isTimeout(err) {
-		t.Fatalf("a connection past the process's budget not closed at once: %v", err)
-	}
-	r := f.rec.wait(t, "limit", func(r gate.Record) bool { return r.Reason == gate.ReasonLimit })
-	if !strings.Contains(r.Detail, "the process serves 2 connections") {
-		t.Errorf("limit record %+v does not name the process budget", r)
+		t.Fatalf("%s not closed at once: %v", what, err)
 	}
 }
 
@@ -201,16 +208,7 @@ func TestConnectionLimit(t *testing.T) {
 		f.dialTransparent(t, ap(addrUnknown, uint16(1000+i)))
 	}
 	time.Sleep(100 * time.Millisecond) // both accepted and holding a slot
-	// The third is reset at once: at connect, or at the first read.
-	c, err := net.Dial("tcp", f.tl.Addr().String())
-	if err == nil {
-		defer c.Close()
-		c.SetDeadline(time.Now().Add(2 * time.Second))
-		_, err = c.Read(make([]byte, 1))
-	}
-	if err == nil || isTimeout(err) {
-		t.Fatalf("third connection not closed at once: %v", err)
-	}
+	wantClosedAtOnce(t, f, "the third connection")
 	f.rec.wait(t, "limit", func(r gate.Record) bool { return r.Reason == gate.ReasonLimit && r.Verdict == gate.VerdictDeny })
 	// A flood of connections over the limit is counted, not logged one by
 	// one: at most one record a second (gate.Throttle).
