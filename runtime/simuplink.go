@@ -82,7 +82,7 @@ func StartSimUplink(stateDir string) (s *SimUplink, err error) {
 	if err := linkUp(s.hostNS, "lo"); err != nil {
 		return s, fmt.Errorf("starting simulated internet: %w", err)
 	}
-	if s.inet, err = simnet.Start(simnet.Options{Prefix: rec.InetPrefix}); err != nil {
+	if s.inet, err = simnet.Start(simnet.Options{Prefix: rec.InetPrefix, Dir: filepath.Join(s.dir, "ca")}); err != nil {
 		return s, err
 	}
 	if s.link, err = s.inet.Attach(s.hostNS, simnet.AttachOptions{}); err != nil {

@@ -53,6 +53,11 @@ type Options struct {
 	// TTL is the TTL of every DNS record, in whole seconds. Default
 	// DefaultTTL; SetTTL changes it later.
 	TTL time.Duration
+	// Dir is a folder to create for the CA file (CAFile), which Close
+	// removes; empty means a fresh temporary folder. A caller that keeps
+	// its own state folder passes one inside it, so that its clean-up
+	// after a crash (bench gc) removes the CA file too.
+	Dir string
 }
 
 // Internet is a running simulated internet. It is safe for concurrent use.
@@ -115,7 +120,7 @@ func Start(opts Options) (_ *Internet, err error) {
 		}
 		in.web.certs[&siteTable[i]] = c
 	}
-	if err := in.writeCAFile(); err != nil {
+	if err := in.writeCAFile(opts.Dir); err != nil {
 		return nil, err
 	}
 	var b [4]byte
@@ -152,8 +157,13 @@ func Start(opts Options) (_ *Internet, err error) {
 // from it makes Start fail, to check the clean-up of a started internet.
 var testHookStarted func(*Internet) error
 
-func (in *Internet) writeCAFile() error {
-	dir, err := os.MkdirTemp("", "simnet-ca-")
+func (in *Internet) writeCAFile(dir string) error {
+	var err error
+	if dir == "" {
+		dir, err = os.MkdirTemp("", "simnet-ca-")
+	} else {
+		err = os.Mkdir(dir, 0o755)
+	}
 	if err != nil {
 		return fmt.Errorf("creating CA dir: %w", err)
 	}
