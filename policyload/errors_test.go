@@ -7,6 +7,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // TestLoadTaskErrors has one case per validation error: each asserts the
@@ -267,4 +268,30 @@ func TestLoadTaskHugeTimeout(t *testing.T) {
 	dir := writeTask(t, map[string]string{"task.toml": "[agent]\ntimeout_sec = 1e12\n", "instruction.md": "x"})
 	_, err := LoadTask(dir)
 	checkFieldErr(t, err, wantErr{file: "task.toml", line: 2, field: "agent.timeout_sec", msg: "longer than 2592000 seconds"})
+}
+
+// Documents that would cost far more to parse than their size suggests are
+// refused before or while parsing: too many entries (a flow list of
+// one-letter items costs a few hundred bytes of memory a byte), and keys
+// so long that the field paths below them cost key × list.
+func TestLoadTaskCostBounds(t *testing.T) {
+	many := "---\nsandbox:\n  network_mode: denylist\n  blocked_hosts: [" + strings.Repeat("a,", MaxEntries) + "a]\n---\nx\n"
+	dir := writeTask(t, map[string]string{"task.md": many})
+	start := time.Now()
+	_, err := LoadTask(dir)
+	checkFieldErr(t, err, wantErr{file: "task.md", msg: "more than 1048576 entries"})
+	if el := time.Since(start); el > 10*time.Second {
+		t.Errorf("refusing took %v", el)
+	}
+	long := strings.Repeat("k", MaxKeyLen+1)
+	// (YAML takes a plain key of at most 1024 characters; a longer one
+	// must be written explicitly, after "? ".)
+	dir = writeTask(t, map[string]string{"task.md": "---\nsandbox:\n  env:\n    ? " + long + "\n    : x\n---\nx\n"})
+	_, err = LoadTask(dir)
+	checkFieldErr(t, err, wantErr{file: "task.md", line: 4, field: "sandbox.env", msg: "a key of 1025 bytes, longer than 1024"})
+	dir = writeTask(t, map[string]string{"task.toml": "[sandbox.env]\n" + long + " = \"x\"\n", "instruction.md": "x"})
+	_, err = LoadTask(dir)
+	checkFieldErr(t, err, wantErr{file: "task.toml", msg: "a key of 1025 bytes, longer than 1024"})
+	_, err = parsePolicy("policy.yaml", []byte("network_mode: denylist\nblocked_hosts: ["+strings.Repeat("a,", MaxEntries)+"a]\n"))
+	checkFieldErr(t, err, wantErr{file: "policy.yaml", msg: "more than 1048576 entries"})
 }

@@ -247,6 +247,9 @@ func parseMD(file string, data []byte) (*parsed, string, error) {
 // parseYAML parses one YAML document into a tree; lineOffset is the line
 // the document starts after.
 func parseYAML(file string, data []byte, lineOffset int) (*node, error) {
+	if err := checkEntries(file, data); err != nil {
+		return nil, err
+	}
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	var doc yaml.Node
 	if err := dec.Decode(&doc); err != nil {

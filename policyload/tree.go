@@ -90,12 +90,68 @@ func fromYAML(file string, y *yaml.Node, lineOffset int) (*node, error) {
 		}
 		y = y.Content[0]
 	}
-	return c.conv(y, "", 0)
+	return c.conv(y, nil, 0)
+}
+
+// fieldPath is a value's place in a document, built into text
+// ("sandbox.env.X", "steps[2]") only when an error names it: building
+// every value's path up front costs path length × values.
+type fieldPath struct {
+	parent *fieldPath
+	name   string
+	i      int
+	isItem bool
+}
+
+func (p *fieldPath) key(k string) *fieldPath { return &fieldPath{parent: p, name: k} }
+func (p *fieldPath) index(i int) *fieldPath  { return &fieldPath{parent: p, i: i, isItem: true} }
+
+// String is the path as errors name it; "" for the document itself.
+func (p *fieldPath) String() string {
+	if p == nil {
+		return ""
+	}
+	if p.isItem {
+		return joinIndex(p.parent.String(), p.i)
+	}
+	return joinKey(p.parent.String(), p.name)
 }
 
 // MaxDepth bounds how deeply a task file's tables and lists nest. Task files
 // need a handful of levels; the bound keeps the work per byte small.
 const MaxDepth = 32
+
+// MaxKeyLen bounds a key's length: every value below a key carries its
+// path in errors, so a long key over a long list costs key × list.
+const MaxKeyLen = 1024
+
+// MaxEntries bounds the separators (commas, line ends, opening brackets
+// and braces) of a YAML or TOML document, which bound its values: the
+// parsers take a few hundred bytes of memory per value, so a 16 MB file of
+// one-letter list items would take gigabytes. A policy of 100,000 rules
+// has about 100,000.
+const MaxEntries = 1 << 20
+
+// checkEntries refuses a document with more than MaxEntries separators,
+// before it is parsed.
+func checkEntries(file string, data []byte) error {
+	n := 0
+	for _, c := range data {
+		switch c {
+		case ',', '\n', '[', '{':
+			n++
+		}
+	}
+	if n > MaxEntries {
+		return fieldErr(file, 0, "", "", fmt.Sprintf("more than %d entries (lines, list items, tables)", MaxEntries),
+			"split the file, or write fewer, wider rules")
+	}
+	return nil
+}
+
+func keyLenErr(file string, line int, path string, key string) error {
+	return fieldErr(file, line, path, "", fmt.Sprintf("a key of %d bytes, longer than %d", len(key), MaxKeyLen), "")
+}
 
 func depthErr(file string, line int, path string) error {
 	return fieldErr(file, line, path, "", fmt.Sprintf("nested deeper than %d levels", MaxDepth), "")
@@ -106,13 +162,13 @@ type yamlConv struct {
 	off  int
 }
 
-func (c yamlConv) conv(y *yaml.Node, path string, depth int) (*node, error) {
+func (c yamlConv) conv(y *yaml.Node, at *fieldPath, depth int) (*node, error) {
 	line := y.Line + c.off
 	if depth > MaxDepth {
-		return nil, depthErr(c.file, line, path)
+		return nil, depthErr(c.file, line, at.String())
 	}
 	if y.Kind == yaml.AliasNode || y.Anchor != "" {
-		return nil, fieldErr(c.file, line, path, "", "YAML anchors and aliases are not accepted", "write the value out in full")
+		return nil, fieldErr(c.file, line, at.String(), "", "YAML anchors and aliases are not accepted", "write the value out in full")
 	}
 	switch y.Kind {
 	case yaml.MappingNode:
@@ -122,17 +178,20 @@ func (c yamlConv) conv(y *yaml.Node, path string, depth int) (*node, error) {
 			k, v := y.Content[i], y.Content[i+1]
 			kl := k.Line + c.off
 			if k.Kind == yaml.AliasNode || k.Anchor != "" {
-				return nil, fieldErr(c.file, kl, path, "", "YAML anchors and aliases are not accepted", "write the value out in full")
+				return nil, fieldErr(c.file, kl, at.String(), "", "YAML anchors and aliases are not accepted", "write the value out in full")
 			}
 			if k.Kind != yaml.ScalarNode || k.ShortTag() == "!!null" {
-				return nil, fieldErr(c.file, kl, path, "", "a key must be a plain name", "")
+				return nil, fieldErr(c.file, kl, at.String(), "", "a key must be a plain name", "")
 			}
 			if k.ShortTag() == "!!merge" {
-				return nil, fieldErr(c.file, kl, path, "<<", "YAML merge keys are not accepted", "write the keys out in full")
+				return nil, fieldErr(c.file, kl, at.String(), "<<", "YAML merge keys are not accepted", "write the keys out in full")
 			}
-			kp := joinKey(path, k.Value)
+			if len(k.Value) > MaxKeyLen {
+				return nil, keyLenErr(c.file, kl, at.String(), k.Value)
+			}
+			kp := at.key(k.Value)
 			if first, dup := seen[k.Value]; dup {
-				return nil, fieldErr(c.file, kl, kp, "", fmt.Sprintf("duplicate key (first set on line %d)", first), "keep one")
+				return nil, fieldErr(c.file, kl, kp.String(), "", fmt.Sprintf("duplicate key (first set on line %d)", first), "keep one")
 			}
 			seen[k.Value] = kl
 			val, err := c.conv(v, kp, depth+1)
@@ -145,7 +204,7 @@ func (c yamlConv) conv(y *yaml.Node, path string, depth int) (*node, error) {
 	case yaml.SequenceNode:
 		n := &node{kind: kindList, line: line}
 		for i, it := range y.Content {
-			val, err := c.conv(it, joinIndex(path, i), depth+1)
+			val, err := c.conv(it, at.index(i), depth+1)
 			if err != nil {
 				return nil, err
 			}
@@ -153,12 +212,12 @@ func (c yamlConv) conv(y *yaml.Node, path string, depth int) (*node, error) {
 		}
 		return n, nil
 	case yaml.ScalarNode:
-		return c.scalar(y, path, line)
+		return c.scalar(y, at, line)
 	}
-	return nil, fieldErr(c.file, line, path, "", "unsupported YAML node", "")
+	return nil, fieldErr(c.file, line, at.String(), "", "unsupported YAML node", "")
 }
 
-func (c yamlConv) scalar(y *yaml.Node, path string, line int) (*node, error) {
+func (c yamlConv) scalar(y *yaml.Node, at *fieldPath, line int) (*node, error) {
 	n := &node{line: line, text: y.Value}
 	var err error
 	switch y.ShortTag() {
@@ -178,10 +237,10 @@ func (c yamlConv) scalar(y *yaml.Node, path string, line int) (*node, error) {
 	case "!!timestamp":
 		n.kind = kindTime
 	default:
-		return nil, fieldErr(c.file, line, path, y.Value, fmt.Sprintf("YAML tag %s is not accepted", y.ShortTag()), "remove the tag")
+		return nil, fieldErr(c.file, line, at.String(), y.Value, fmt.Sprintf("YAML tag %s is not accepted", y.ShortTag()), "remove the tag")
 	}
 	if err != nil {
-		return nil, fieldErr(c.file, line, path, y.Value, "not a valid "+strings.TrimPrefix(n.describe(), "a "), "")
+		return nil, fieldErr(c.file, line, at.String(), y.Value, "not a valid "+strings.TrimPrefix(n.describe(), "a "), "")
 	}
 	return n, nil
 }
@@ -204,6 +263,9 @@ func yamlSyntaxError(file string, err error, lineOffset int) error {
 // rules: no duplicate keys, no redefined tables) and converts it to a tree,
 // with lines taken from go-toml's parser.
 func parseTOML(file string, data []byte) (*node, error) {
+	if err := checkEntries(file, data); err != nil {
+		return nil, err
+	}
 	var m map[string]any
 	if err := toml.Unmarshal(data, &m); err != nil {
 		var de *toml.DecodeError
@@ -215,34 +277,40 @@ func parseTOML(file string, data []byte) (*node, error) {
 		}
 		return nil, fieldErr(file, 0, "", "", "invalid TOML: "+strings.TrimPrefix(err.Error(), "toml: "), "")
 	}
-	if tooDeep(m, 0) {
+	if deep, long := tomlShape(m, 0); deep {
 		return nil, depthErr(file, 0, "")
+	} else if long != "" {
+		return nil, keyLenErr(file, 0, "", long)
 	}
 	lines := tomlLines(data)
 	return fromTOML(m, "", lines, 1)
 }
 
-// tooDeep reports whether a decoded TOML value nests deeper than MaxDepth.
-// It runs before anything builds field paths, whose cost grows with depth.
-func tooDeep(v any, depth int) bool {
+// tomlShape reports whether a decoded TOML value nests deeper than
+// MaxDepth, or else a key longer than MaxKeyLen. It runs before anything
+// builds field paths, whose cost grows with depth and key length.
+func tomlShape(v any, depth int) (deep bool, longKey string) {
 	if depth > MaxDepth {
-		return true
+		return true, ""
 	}
 	switch v := v.(type) {
 	case map[string]any:
-		for _, x := range v {
-			if tooDeep(x, depth+1) {
-				return true
+		for k, x := range v {
+			if len(k) > MaxKeyLen {
+				return false, k
+			}
+			if deep, long := tomlShape(x, depth+1); deep || long != "" {
+				return deep, long
 			}
 		}
 	case []any:
 		for _, x := range v {
-			if tooDeep(x, depth+1) {
-				return true
+			if deep, long := tomlShape(x, depth+1); deep || long != "" {
+				return deep, long
 			}
 		}
 	}
-	return false
+	return false, ""
 }
 
 func fromTOML(v any, path string, lines map[string]int, parentLine int) (*node, error) {
