@@ -140,8 +140,14 @@ func TestClassifyBytes(t *testing.T) {
 		{"FOO /x HTTP/1.1\r\n", kindHTTP, true},
 		{"FOO /x HTTP/1.1\n", kindHTTP, true},
 		{"FOO /x http/1.0 \r\n", kindHTTP, true},
-		{"FOO /x HTTPS/1.1\r\n", kindHTTP, true}, // any token/version: Netty and llhttp take them
-		{"FOO / X/1.1\r\n", kindHTTP, true},
+		{"FOO /x HTTPS/1.1\r\n", kindOther, true},
+		{"FOO / X/1.1\r\n", kindOther, true},
+		{"get user/1\r\n", kindOther, true}, // memcached, a key with a slash
+		{"delete session/42\r\n", kindOther, true},
+		{":GET /admin HTTP/1.1\r\n", kindHTTP, true}, // Jetty reads it as GET
+		{"(GET /admin HTTP/1.1\r\n", kindHTTP, true},
+		{"\x05\x01\x00", kindOther, true}, // SOCKS5: a short binary first message is not held
+		{"<?xml version=\"1.0\"?>\n", kindOther, true},
 		{"SOURCE / ICE/1.0\r\n", kindHTTP, true},
 		{"DESCRIBE / RTSP/1.0\r\n", kindHTTP, true},
 		{"FOO /x HTTP/\r\n", kindOther, true},

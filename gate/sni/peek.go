@@ -88,6 +88,7 @@ func (k streamKind) String() string {
 // is never passed on unread).
 const (
 	maxLeadingSpace = 32
+	maxLeadingJunk  = 8
 	maxFirstLine    = 8 << 10
 )
 
@@ -158,6 +159,13 @@ func classifyBytes(b []byte) (streamKind, bool) {
 	}
 	if i > maxLeadingSpace {
 		return kindHTTP, true // parsed and checked as a request, never passed on unread
+	}
+	// A few printable bytes that are not a token before the method (Jetty
+	// reads ":GET" and "(GET" as GET) are stepped over, so that what
+	// follows is judged. Control bytes are not: a binary protocol's short
+	// first message (SOCKS5's 05 01 00) must not wait for more.
+	for k := 0; k < maxLeadingJunk && i < len(b) && b[i] > ' ' && b[i] < 0x7f && !isTokenByte(b[i]); k++ {
+		i++
 	}
 	if i == len(b) {
 		return kindOther, false
@@ -267,10 +275,14 @@ func isLineSpace(c byte) bool {
 	return false
 }
 
+// versionProtos are the protocols whose versions HTTP servers take on an
+// HTTP port (llhttp takes RTSP and ICE): other words with a slash and
+// digits ("get user/1", a memcached key) end no request line.
+var versionProtos = map[string]bool{"HTTP": true, "RTSP": true, "ICE": true}
+
 // endsInHTTPVersion reports whether the last word of a request line (split
-// on any whitespace) is a protocol version: a token, a slash, digits and
-// dots ("HTTP/1.1", "http/2", "RTSP/1.0", "ICE/1.0"). Servers such as
-// Netty and llhttp take other protocols' versions on an HTTP port.
+// on any whitespace) is a protocol version: one of versionProtos in any
+// case, a slash, digits and dots ("HTTP/1.1", "http/2", "RTSP/1.0").
 func endsInHTTPVersion(line []byte) bool {
 	for len(line) > 0 && (isLineSpace(line[len(line)-1]) || line[len(line)-1] == '\r') {
 		line = line[:len(line)-1]
@@ -283,13 +295,8 @@ func endsInHTTPVersion(line []byte) bool {
 		return false // one word: no version after the method
 	}
 	proto, version, ok := bytes.Cut(line[k:], []byte("/"))
-	if !ok || len(proto) == 0 || len(version) == 0 || !isDigit(version[0]) {
+	if !ok || len(version) == 0 || !isDigit(version[0]) || !versionProtos[strings.ToUpper(string(proto))] {
 		return false
-	}
-	for _, c := range proto {
-		if !isTokenByte(c) {
-			return false
-		}
 	}
 	for _, c := range version {
 		if !isDigit(c) && c != '.' {
