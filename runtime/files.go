@@ -244,19 +244,17 @@ const maxTrapEntries = 4 << 20
 //     own (a virtualenv's bin/python, node_modules/.bin) must work for the
 //     verifier. This holds in /tmp, /var/tmp, the work folder and the
 //     agent's home, the folders the agent leaves behind.
-//   - In /tmp and /var/tmp, FIFOs, sockets and devices go too (a FIFO at a
-//     path the verifier reads or writes would hang it).
+//   - FIFOs, sockets and devices go too, in all four (a FIFO at a path the
+//     verifier reads or writes, or one a kept link leads to, would hang
+//     it).
 //
 // Call it only when no process of the sandbox runs.
 func (s *LocalSandbox) RemoveVerifierTraps() ([]string, error) {
 	var removed []string
 	seen := 0
-	for _, d := range []struct {
-		host, inside string
-		special      bool // FIFOs, sockets and devices go too
-	}{
-		{s.lay.tmp(), "/tmp", true}, {s.lay.varTmp(), "/var/tmp", true},
-		{s.lay.workdir(), s.st.Workdir, false}, {s.lay.home(), "/home/" + s.st.AgentUser, false},
+	for _, d := range []struct{ host, inside string }{
+		{s.lay.tmp(), "/tmp"}, {s.lay.varTmp(), "/var/tmp"},
+		{s.lay.workdir(), s.st.Workdir}, {s.lay.home(), "/home/" + s.st.AgentUser},
 	} {
 		err := filepath.WalkDir(d.host, func(p string, e fs.DirEntry, err error) error {
 			if err != nil {
@@ -276,8 +274,6 @@ func (s *LocalSandbox) RemoveVerifierTraps() ([]string, error) {
 				if !linksOut(p) {
 					return nil
 				}
-			case !d.special:
-				return nil
 			}
 			if err := os.Remove(p); err != nil {
 				return err

@@ -28,6 +28,8 @@ ls -l /tmp /var/tmp
 cat /tmp/notes.txt
 [ -p /tmp/fifo ] && cat /tmp/fifo
 [ -L /app/lib ] && echo "lib link kept"
+echo 0 > /tmp/count
+[ -p /app/answer.fifo ] && echo "fifo in app"
 /tmp/venv/bin/python3 -c 'print("venv link kept")'
 [ -e /tmp/failed_count ] || echo "failed_count link gone"
 echo 1 > /app/out.txt
@@ -41,6 +43,7 @@ echo "{\"reward\": $r, \"failed\": $failed}" > /logs/verifier/reward.json
 	script := filepath.Join(base, "agent.sh")
 	writeFile(t, script, "#!/bin/bash\necho 41 > /app/answer.txt\necho kept > /tmp/notes.txt\n"+
 		"ln -s /logs/verifier/reward.txt /tmp/failed_count\nmkfifo /tmp/fifo\nmkdir -p /tmp/venv/bin\nln -s /usr/bin/python3 /tmp/venv/bin/python3\n"+
+		"mkfifo ~/f\nln -s ~/f /tmp/count\nmkfifo /app/answer.fifo\n"+
 		"ln -s /logs/verifier/reward.txt /app/out.txt\nmkdir /app/sub\nln -s ../../logs/verifier/reward.txt /app/sub/rel.txt\n"+
 		"ln -s /proc/self/root/logs/verifier/reward.txt /app/p.txt\nln -s /usr/lib /app/lib\n", 0o755)
 	if code, out, errs := runBench(t, "run", "--simnet", "--state-dir", state, "--jobs-dir", jobs, "--job", "j", task, "-a", "script:"+script); code != 0 {
