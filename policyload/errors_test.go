@@ -8,6 +8,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"flowgate/gate"
 )
 
 // TestLoadTaskErrors has one case per validation error: each asserts the
@@ -294,4 +296,21 @@ func TestLoadTaskCostBounds(t *testing.T) {
 	checkFieldErr(t, err, wantErr{file: "task.toml", msg: "a key of 1025 bytes, longer than 1024"})
 	_, err = parsePolicy("policy.yaml", []byte("network_mode: denylist\nblocked_hosts: ["+strings.Repeat("a,", MaxEntries)+"a]\n"))
 	checkFieldErr(t, err, wantErr{file: "policy.yaml", msg: "more than 1048576 entries"})
+}
+
+// A policy file the operator names may be a symlink anywhere (a "current"
+// link to a versioned policy); only task files keep to their folder.
+func TestLoadPolicyFileThroughSymlink(t *testing.T) {
+	real := filepath.Join(t.TempDir(), "v2.yaml")
+	if err := os.WriteFile(real, []byte("network_mode: denylist\nblocked_hosts: [example.com]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(t.TempDir(), "current.yaml")
+	if err := os.Symlink(real, link); err != nil {
+		t.Fatal(err)
+	}
+	p, err := LoadPolicyFile(link)
+	if err != nil || p.Mode != gate.Denylist {
+		t.Fatalf("LoadPolicyFile through a symlink: %v, %+v", err, p)
+	}
 }

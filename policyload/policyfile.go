@@ -20,7 +20,7 @@ type policyFile struct {
 // others. An empty file is the public policy. Entries carry field paths
 // such as "blocked_hosts[0]".
 func LoadPolicyFile(path string) (*gate.Policy, error) {
-	data, ok, err := readTaskFile(path)
+	data, ok, err := readFile(path, false)
 	if err != nil {
 		return nil, err
 	}

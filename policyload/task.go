@@ -154,7 +154,11 @@ func (p *parsed) written(field string) string {
 // root and passes its prompt into the sandbox, so a task whose
 // instruction.md links to /proc/self/environ or a file in root's home
 // would carry host secrets in.
-func readTaskFile(path string) ([]byte, bool, error) {
+func readTaskFile(path string) ([]byte, bool, error) { return readFile(path, true) }
+
+// readFile is readTaskFile; inFolder false follows a symlink anywhere (a
+// policy file the operator names, through a link of theirs).
+func readFile(path string, inFolder bool) ([]byte, bool, error) {
 	fi, err := os.Lstat(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, false, nil
@@ -163,7 +167,11 @@ func readTaskFile(path string) ([]byte, bool, error) {
 		return nil, false, fmt.Errorf("reading %s: %w", path, err)
 	}
 	open := path
-	if fi.Mode()&fs.ModeSymlink != 0 {
+	if fi.Mode()&fs.ModeSymlink != 0 && !inFolder {
+		if open, err = filepath.EvalSymlinks(path); err != nil {
+			return nil, false, fieldErr(path, 0, "", "", "a symlink that does not resolve: "+err.Error(), "")
+		}
+	} else if fi.Mode()&fs.ModeSymlink != 0 {
 		real, err := filepath.EvalSymlinks(path)
 		if err != nil {
 			return nil, false, fieldErr(path, 0, "", "", "a symlink that does not resolve: "+err.Error(), "")
