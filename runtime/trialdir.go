@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"os/user"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -83,7 +84,8 @@ func newTrialDir(jobsDir, job, task string) (*trialDir, error) {
 // checkOwnFolder refuses a jobs or job folder that another user could
 // change under bench: a symlink (bench would write wherever it points), a
 // folder owned by someone else than bench's user or the user who ran it
-// through sudo, or one writable by its group or by all (a rename and a
+// through sudo, or one writable by all (unless sticky, as /tmp: then no one
+// can rename what bench made) or by a group others are in (a rename and a
 // symlink in its place would make bench, root, remove and write
 // elsewhere).
 func checkOwnFolder(p string) error {
@@ -101,10 +103,38 @@ func checkOwnFolder(p string) error {
 		return fmt.Errorf("checking %s: no owner", p)
 	case st.Uid != uint32(os.Geteuid()) && strconv.Itoa(int(st.Uid)) != os.Getenv("SUDO_UID"):
 		return fmt.Errorf("jobs folder %s belongs to uid %d: another user could swap its contents while bench writes there as %s; use a folder of your own", p, st.Uid, whoami())
-	case fi.Mode().Perm()&0o022 != 0:
-		return fmt.Errorf("jobs folder %s is writable by others (mode %v): another user could swap its contents while bench writes there; chmod go-w it", p, fi.Mode().Perm())
+	case fi.Mode().Perm()&0o002 != 0 && fi.Mode()&fs.ModeSticky == 0,
+		fi.Mode().Perm()&0o020 != 0 && !privateGroup(st.Uid, st.Gid):
+		return fmt.Errorf("jobs folder %s is writable by others (mode %v): another user could swap its contents while bench writes there; chmod go-w it", p, fi.Mode())
 	}
 	return nil
+}
+
+// privateGroup reports whether gid is uid's own group: named like the user
+// and holding no one else (the user-private-group convention, under which
+// umask 002 makes folders group-writable to nobody else).
+func privateGroup(uid, gid uint32) bool {
+	u, err := user.LookupId(strconv.Itoa(int(uid)))
+	if err != nil || u.Gid != strconv.Itoa(int(gid)) {
+		return false
+	}
+	g, err := user.LookupGroupId(u.Gid)
+	return err == nil && g.Name == u.Username && !groupHasMembers(g.Name)
+}
+
+// groupHasMembers reports whether /etc/group lists members for name.
+func groupHasMembers(name string) bool {
+	b, err := os.ReadFile("/etc/group")
+	if err != nil {
+		return true // unknown: assume the worst
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Split(line, ":")
+		if len(f) >= 4 && f[0] == name {
+			return strings.TrimSpace(f[3]) != ""
+		}
+	}
+	return false
 }
 
 func whoami() string {

@@ -268,6 +268,16 @@ func TestTrialDirRefusesFoldersOthersControl(t *testing.T) {
 	if _, err := newTrialDir(jobs, "open", "task"); err == nil || !strings.Contains(err.Error(), "writable by others") {
 		t.Errorf("a world-writable job folder: %v", err)
 	}
+	// Sticky and world-writable (as /tmp) is fine: no one else can rename
+	// what bench made there.
+	sticky := filepath.Join(jobs, "sticky")
+	if err := os.Mkdir(sticky, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(sticky, 0o777|os.ModeSticky)
+	if _, err := newTrialDir(sticky, "j", "task"); err != nil {
+		t.Errorf("a sticky jobs folder: %v", err)
+	}
 	if ents, _ := os.ReadDir(elsewhere); len(ents) != 0 {
 		t.Errorf("bench wrote through the symlink: %v", ents)
 	}
