@@ -130,18 +130,26 @@ func (p *Policy) InterceptRefusal(h Host) Decision {
 
 // local decides, in the restricted modes, a loopback or unspecified
 // address as the sandbox does: 127.0.0.1 and ::1 are the agent's own
-// loopback, always reachable (the model proxy listens there); any other
-// loopback address, and 0.0.0.0 or ::, is refused (reason loopback: such
-// addresses can hold forwarders, as Docker's resolver at 127.0.0.11).
+// loopback, always reachable (the model proxy listens there), and so are
+// 0.0.0.0 and :: (a connect to them goes to 127.0.0.1 and ::1) and the
+// name localhost (the sandbox's /etc/hosts); any other loopback address is
+// refused (reason loopback: such addresses can hold forwarders, as
+// Docker's resolver at 127.0.0.11).
 func (p *Policy) local(h Host) (Decision, bool) {
-	if !h.IsAddr() || p.Mode == Public {
+	if p.Mode == Public {
+		return Decision{}, false
+	}
+	if h.Name == "localhost" {
+		return allow(ReasonLocal, nil), true
+	}
+	if !h.IsAddr() {
 		return Decision{}, false
 	}
 	a := h.Addr.Unmap()
 	switch {
-	case a == netip.AddrFrom4([4]byte{127, 0, 0, 1}) || a == netip.IPv6Loopback():
+	case a == netip.AddrFrom4([4]byte{127, 0, 0, 1}) || a == netip.IPv6Loopback() || a.IsUnspecified():
 		return allow(ReasonLocal, nil), true
-	case a.IsLoopback() || a.IsUnspecified():
+	case a.IsLoopback():
 		return deny(ReasonLoopback, nil), true
 	}
 	return Decision{}, false

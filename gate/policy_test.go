@@ -271,9 +271,10 @@ func TestNAT64Forms(t *testing.T) {
 }
 
 // TestTargetLoopback: check answers loopback targets as the sandbox does:
-// in the restricted modes 127.0.0.1 and ::1 are the agent's own (local),
-// other loopback and unspecified addresses are refused (loopback); public
-// mode leaves loopback alone.
+// in the restricted modes 127.0.0.1, ::1, the unspecified addresses (a
+// connect to them reaches loopback) and localhost are the agent's own
+// (local), other loopback addresses are refused (loopback); public mode
+// leaves loopback alone.
 func TestTargetLoopback(t *testing.T) {
 	deny := mustCompile(t, Spec{Mode: Denylist})
 	none := mustCompile(t, Spec{Mode: NoNetwork})
@@ -285,8 +286,9 @@ func TestTargetLoopback(t *testing.T) {
 		reason Reason
 	}{
 		{deny, "127.0.0.1:8080", ReasonLocal}, {none, "127.0.0.1", ReasonLocal}, {none, "http://[::1]:8080/v1", ReasonLocal},
-		{deny, "127.0.0.2", ReasonLoopback}, {deny, "127.0.0.11:53", ReasonLoopback}, {deny, "0.0.0.0", ReasonLoopback},
-		{all, "127.0.0.2", ReasonLoopback}, {all, "http://[::]:80/", ReasonLoopback}, {none, "[::ffff:127.0.0.2]:80", ReasonLoopback},
+		{deny, "127.0.0.2", ReasonLoopback}, {deny, "127.0.0.11:53", ReasonLoopback}, {deny, "0.0.0.0", ReasonLocal},
+		{all, "127.0.0.2", ReasonLoopback}, {all, "http://[::]:80/", ReasonLocal}, {none, "[::ffff:127.0.0.2]:80", ReasonLoopback},
+		{none, "localhost:8080", ReasonLocal}, {all, "http://localhost/v1", ReasonLocal},
 		{pub, "127.0.0.2", ReasonPublic},
 	} {
 		d, err := c.p.Target(c.target)
