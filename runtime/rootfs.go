@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -272,8 +273,7 @@ func plan(st *state, lay sandboxLayout, stateDir string) ([]mountStep, error) {
 	// What must stay invisible although it lies under an overlaid
 	// directory: the state directory (every sandbox's files), and the
 	// caller's list.
-	for _, h := range append([]string{stateDir}, st.Hide...) {
-		h = filepath.Clean(h)
+	for _, h := range outermost(append([]string{stateDir}, st.Hide...)) {
 		under := false
 		for _, sd := range overlaid {
 			if strings.HasPrefix(h, sd+"/") {
@@ -339,4 +339,24 @@ func isOverlaid(overlaid []string, d string) bool {
 		}
 	}
 	return false
+}
+
+// outermost cleans the paths and keeps those not below another of them:
+// a path inside a hidden folder is hidden with it, and mounting over it
+// there would fail (the mask is read-only).
+func outermost(paths []string) []string {
+	clean := make([]string, 0, len(paths))
+	for _, p := range paths {
+		clean = append(clean, filepath.Clean(p))
+	}
+	slices.Sort(clean)
+	clean = slices.Compact(clean)
+	var out []string
+	for _, p := range clean {
+		if len(out) > 0 && (p == out[len(out)-1] || strings.HasPrefix(p, out[len(out)-1]+"/")) {
+			continue
+		}
+		out = append(out, p)
+	}
+	return out
 }

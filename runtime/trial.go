@@ -138,8 +138,9 @@ func hiddenPaths(spec TrialSpec) []string {
 // enclosingGitDirs returns where the nearest repository above dir (an
 // absolute path without symlinks) keeps its objects: its .git; when .git
 // is a file (a worktree, a submodule, --separate-git-dir) the folder its
-// "gitdir:" line names and that folder's "commondir"; and the object
-// stores their objects/info/alternates name (a clone made with --shared or
+// "gitdir:" line names and that folder's "commondir"; the repositories
+// its remotes name by a local path; and the object stores their
+// objects/info/alternates name (a clone made with --shared or
 // --reference), followed a few levels. Nil when there is no repository.
 func enclosingGitDirs(dir string) []string {
 	for d := filepath.Dir(dir); ; d = filepath.Dir(d) {
@@ -150,12 +151,46 @@ func enclosingGitDirs(dir string) []string {
 			if fi.Mode().IsRegular() {
 				out = append(out, gitDirOf(d, g)...)
 			}
+			out = append(out, localRemotes(out)...)
 			return append(out, alternates(out)...)
 		}
 		if d == "/" || d == "." {
 			return nil
 		}
 	}
+}
+
+// localRemotes returns the repositories the git folders' config names as
+// remotes by a local path or a file:// URL (a clone of a mirror under
+// /opt): their objects hold the task as well. Relative paths are taken
+// from the work tree above the git folder, as git does.
+func localRemotes(gitDirs []string) []string {
+	var out []string
+	for _, g := range gitDirs {
+		b, err := os.ReadFile(filepath.Join(g, "config"))
+		if err != nil || len(b) > 1<<20 {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			k, v, ok := strings.Cut(strings.TrimSpace(line), "=")
+			if !ok || strings.TrimSpace(k) != "url" {
+				continue
+			}
+			v = strings.Trim(strings.TrimSpace(v), `"`)
+			v = strings.TrimPrefix(v, "file://")
+			switch {
+			case strings.Contains(v, "://") || strings.Contains(v, "@") || v == "":
+				continue // a remote host
+			case !filepath.IsAbs(v):
+				v = filepath.Join(filepath.Dir(g), v)
+			}
+			out = append(out, filepath.Clean(v))
+			if len(out) == 16 {
+				return out
+			}
+		}
+	}
+	return out
 }
 
 // alternates returns the object stores that the git folders' (and, in

@@ -172,6 +172,16 @@ func TestTaskFolderHiddenWithGitFile(t *testing.T) {
 			git("clone", "-q", "--shared", source, filepath.Join(clone, "tree"))
 			return filepath.Join(clone, "tree", "tasks", "secret-task")
 		}},
+		{"clone of a local mirror", func(t *testing.T) string {
+			source, mirror, clone := optFolder(t), optFolder(t), optFolder(t)
+			secretTask(t, filepath.Join(source, "tasks", "secret-task"))
+			git("init", "-q", source)
+			commit(source)
+			git("clone", "-q", "--bare", source, filepath.Join(mirror, "tasks.git"))
+			os.RemoveAll(source) // only the mirror and the clone stay
+			git("clone", "-q", "--no-local", filepath.Join(mirror, "tasks.git"), filepath.Join(clone, "tree"))
+			return filepath.Join(clone, "tree", "tasks", "secret-task")
+		}},
 		{"worktree", func(t *testing.T) string {
 			main, wt := optFolder(t), optFolder(t)
 			secretTask(t, filepath.Join(main, "tasks", "secret-task"))
