@@ -314,3 +314,22 @@ func TestLoadPolicyFileThroughSymlink(t *testing.T) {
 		t.Fatalf("LoadPolicyFile through a symlink: %v, %+v", err, p)
 	}
 }
+
+// What the runtime would refuse later is refused when the task loads, with
+// file, line and field: a workdir under a folder the sandbox manages, an
+// agent user that is a uid.
+func TestLoadTaskRuntimeRules(t *testing.T) {
+	for _, c := range []struct {
+		yaml string
+		want wantErr
+	}{
+		{"sandbox:\n  workdir: /logs/verifier\n", wantErr{file: "task.md", line: 3, field: "sandbox.workdir", msg: "lies under /logs"}},
+		{"sandbox:\n  workdir: /usr\n", wantErr{file: "task.md", line: 3, field: "sandbox.workdir", msg: "is a system directory"}},
+		{"agent:\n  user: \"00\"\n", wantErr{file: "task.md", line: 3, field: "agent.user", msg: "give a name, not a uid"}},
+		{"agent:\n  user: \"1000\"\n", wantErr{file: "task.md", line: 3, field: "agent.user", msg: "give a name, not a uid"}},
+	} {
+		dir := writeTask(t, map[string]string{"task.md": "---\n" + c.yaml + "---\nx\n"})
+		_, err := LoadTask(dir)
+		checkFieldErr(t, err, c.want)
+	}
+}

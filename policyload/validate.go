@@ -4,7 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"path"
+	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -198,8 +200,16 @@ func (p *parsed) checkAgentCommon(prefix string, timeout float64, u User) error 
 		return p.errAt(prefix+".user", string(u), "not supported: the agent must run as an unprivileged user for its network policy to hold",
 			"remove it, or name a non-root user")
 	}
+	if p.present(prefix+".user") && !agentUserRe.MatchString(string(u)) {
+		return p.errAt(prefix+".user", string(u), "the agent runs as a user the sandbox creates: give a name, not a uid",
+			"use 1 to 32 characters of a-z, 0-9, '_' and '-', starting with a letter or '_'")
+	}
 	return nil
 }
+
+// agentUserRe is what the runtime takes for the user it creates for the
+// agent (runtime.validateUser).
+var agentUserRe = regexp.MustCompile(`^[a-z_][a-z0-9_-]{0,31}$`)
 
 func (p *parsed) checkVerifier(prefix string, v *Verifier, refs map[string]bool) error {
 	if err := p.timeout(prefix+".timeout_sec", v.TimeoutSec); err != nil {
@@ -234,7 +244,7 @@ func (p *parsed) checkSandbox(sb string, refs map[string]bool) error {
 			return p.errAt(sb+"."+n.key, strconv.Itoa(n.v), "must not be negative", "")
 		}
 	}
-	if err := p.checkDir(sb+".workdir", s.Workdir); err != nil {
+	if err := p.checkWorkdir(sb+".workdir", s.Workdir); err != nil {
 		return err
 	}
 	if err := p.timeout(sb+".build_timeout_sec", s.BuildTimeoutSec); err != nil {
@@ -267,6 +277,48 @@ func (p *parsed) checkSandbox(sb string, refs map[string]bool) error {
 func (p *parsed) checkDir(field, dir string) error {
 	if p.present(field) && !path.IsAbs(dir) {
 		return p.errAt(field, dir, "must be an absolute path in the sandbox", "write a path such as /app")
+	}
+	return nil
+}
+
+// reservedDirs are the sandbox paths the runtime mounts itself; a workdir
+// may not lie under them.
+var reservedDirs = []string{"/proc", "/sys", "/dev", "/run", "/tmp", "/var/tmp", "/home", "/root", "/logs"}
+
+// SystemDirs are the host directories a sandbox sees through overlays (or,
+// for the merged-usr links, as symlinks); a workdir may not be one.
+var SystemDirs = []string{"/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/usr", "/etc", "/opt", "/var"}
+
+// ValidateWorkdir checks a sandbox work folder: a clean absolute path, not
+// /, not under a folder the sandbox manages itself, not a system folder.
+func ValidateWorkdir(dir string) error {
+	if !filepath.IsAbs(dir) || filepath.Clean(dir) != dir {
+		return errors.New("give a clean absolute path such as /app")
+	}
+	if dir == "/" {
+		return errors.New("may not be /")
+	}
+	if strings.ContainsAny(dir, "\x00\n") {
+		return errors.New("contains a NUL or newline")
+	}
+	for _, r := range reservedDirs {
+		if dir == r || strings.HasPrefix(dir, r+"/") {
+			return fmt.Errorf("lies under %s, which the sandbox manages itself; choose a path such as /app", r)
+		}
+	}
+	if slices.Contains(SystemDirs, dir) {
+		return errors.New("is a system directory; choose a path such as /app")
+	}
+	return nil
+}
+
+// checkWorkdir checks a task's workdir as the runtime will.
+func (p *parsed) checkWorkdir(field, dir string) error {
+	if !p.present(field) {
+		return nil
+	}
+	if err := ValidateWorkdir(dir); err != nil {
+		return p.errAt(field, dir, err.Error(), "write a path such as /app")
 	}
 	return nil
 }

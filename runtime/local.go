@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+
+	"flowgate/policyload"
 )
 
 // DefaultStateDir is where the local runtime keeps per-sandbox state when
@@ -147,37 +149,18 @@ func validateUser(name string) error {
 	return nil
 }
 
-// sandboxMounts are the sandbox paths the runtime mounts itself; a
-// workdir may not lie under them.
-var reservedDirs = []string{"/proc", "/sys", "/dev", "/run", "/tmp", "/var/tmp", "/home", "/root", "/logs"}
-
 // systemDirs are the host directories the sandbox sees through overlays
 // (or, for the merged-usr links, as symlinks).
-var systemDirs = []string{"/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/usr", "/etc", "/opt", "/var"}
+var systemDirs = policyload.SystemDirs
 
-// validateWorkdir checks Spec.Workdir and returns it cleaned.
+// validateWorkdir checks Spec.Workdir (policyload.ValidateWorkdir, which
+// task files are checked with too) and returns it cleaned, or the default.
 func validateWorkdir(dir string) (string, error) {
 	if dir == "" {
 		return DefaultWorkdir, nil
 	}
-	if !filepath.IsAbs(dir) || filepath.Clean(dir) != dir {
-		return "", fmt.Errorf("workdir %q: give a clean absolute path such as /app", dir)
-	}
-	if dir == "/" {
-		return "", errors.New("workdir may not be /")
-	}
-	for _, r := range reservedDirs {
-		if dir == r || strings.HasPrefix(dir, r+"/") {
-			return "", fmt.Errorf("workdir %q lies under %s, which the sandbox manages itself; choose a path such as /app", dir, r)
-		}
-	}
-	for _, s := range systemDirs {
-		if dir == s {
-			return "", fmt.Errorf("workdir %q is a system directory; choose a path such as /app", dir)
-		}
-	}
-	if strings.ContainsAny(dir, "\x00\n") {
-		return "", fmt.Errorf("workdir %q contains a NUL or newline", dir)
+	if err := policyload.ValidateWorkdir(dir); err != nil {
+		return "", fmt.Errorf("workdir %q: %w", dir, err)
 	}
 	return dir, nil
 }
