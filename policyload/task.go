@@ -11,6 +11,7 @@ import (
 	"reflect"
 	"strings"
 	"syscall"
+	"unicode/utf8"
 
 	"go.yaml.in/yaml/v3"
 
@@ -130,6 +131,10 @@ func LoadTask(dir string) (*Task, error) {
 	}
 	if p.cfg.Task != nil {
 		t.Name = p.cfg.Task.Name
+	} else if strings.IndexFunc(t.Name, func(r rune) bool { return r < 0x20 || r == 0x7f || r == utf8.RuneError }) >= 0 {
+		// The name goes to terminals and logs as it is.
+		return nil, fieldErr(p.file, 0, "task.name", "", fmt.Sprintf("missing, and the folder's name %q holds control characters", t.Name),
+			"set task.name, or rename the folder")
 	}
 	return t, nil
 }
