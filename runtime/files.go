@@ -28,8 +28,13 @@ type fileEntry struct {
 	Link string `json:"link,omitempty"` // a symlink's target
 }
 
-// maxCopy bounds what CopyIn and WriteFile carry into a sandbox at once.
-const maxCopy = 256 << 20
+// maxCopy bounds what CopyIn and WriteFile carry into a sandbox at once,
+// and maxCopyEntries how many files, folders and links CopyIn carries (an
+// empty file costs no bytes, but each entry costs memory and time).
+const (
+	maxCopy        = 256 << 20
+	maxCopyEntries = 50000
+)
 
 // WriteFile writes data to path inside the sandbox, owned by owner, with
 // mode's permission bits; an existing file is replaced. Missing parent
@@ -94,6 +99,9 @@ func readTree(hostPath, dst string) ([]fileEntry, error) {
 	err := filepath.WalkDir(hostPath, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
+		}
+		if len(out) == maxCopyEntries {
+			return fmt.Errorf("more than %d files, folders and links", maxCopyEntries)
 		}
 		rel, err := filepath.Rel(hostPath, p)
 		if err != nil {

@@ -3,7 +3,9 @@ package runtime
 import (
 	"net/netip"
 	"os"
+	"path/filepath"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -282,4 +284,24 @@ func countPrefix(s, prefix string) int {
 		}
 	}
 	return n
+}
+
+// TestReadTreeBounds: what CopyIn carries is bounded in entries as well as
+// bytes (empty files cost no bytes).
+func TestReadTreeBounds(t *testing.T) {
+	dir := t.TempDir()
+	for i := range maxCopyEntries {
+		if err := os.WriteFile(filepath.Join(dir, strconv.Itoa(i)), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := readTree(dir, "/tests"); err == nil || !strings.Contains(err.Error(), "more than 50000 files, folders and links") {
+		t.Errorf("readTree of %d empty files and their folder: %v", maxCopyEntries, err)
+	}
+	if err := os.Remove(filepath.Join(dir, "0")); err != nil {
+		t.Fatal(err)
+	}
+	if entries, err := readTree(dir, "/tests"); err != nil || len(entries) != maxCopyEntries {
+		t.Errorf("readTree at the bound: %d entries, %v", len(entries), err)
+	}
 }
