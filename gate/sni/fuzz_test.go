@@ -145,6 +145,8 @@ func TestClassifyBytes(t *testing.T) {
 		{"get user/1\r\n", kindOther, true}, // memcached, a key with a slash
 		{"delete session/42\r\n", kindOther, true},
 		{":GET /admin HTTP/1.1\r\n", kindHTTP, true}, // Jetty reads it as GET
+		{"\r\n:\r\n::::::::::GET /admin HTTP/1.1\r\n", kindHTTP, true},
+		{strings.Repeat(":", 40), kindHTTP, true},
 		{"(GET /admin HTTP/1.1\r\n", kindHTTP, true},
 		{"\x05\x01\x00", kindOther, true}, // SOCKS5: a short binary first message is not held
 		{"<?xml version=\"1.0\"?>\n", kindOther, true},

@@ -88,7 +88,6 @@ func (k streamKind) String() string {
 // is never passed on unread).
 const (
 	maxLeadingSpace = 32
-	maxLeadingJunk  = 8
 	maxFirstLine    = 8 << 10
 )
 
@@ -154,18 +153,19 @@ func classifyBytes(b []byte) (streamKind, bool) {
 		return k, ok
 	}
 	i := 0
-	for i < len(b) && (b[i] == '\r' || b[i] == '\n' || isLineSpace(b[i])) {
+	// Whitespace and printable bytes that are not a token, in any mix, are
+	// stepped over before the method: servers skip empty lines, Python
+	// splits leading whitespace away, and Jetty skips CR, LF and ':' without
+	// bound ("\r\n:\r\nGET"); other punctuation is stepped over too,
+	// which only makes flowgate stricter. Past maxLeadingSpace such bytes
+	// the stream is parsed as HTTP, never passed on unread. Control bytes
+	// are not stepped over: a binary protocol's short first message
+	// (SOCKS5's 05 01 00) must not wait for more.
+	for i < len(b) && (b[i] == '\r' || b[i] == '\n' || isLineSpace(b[i]) || b[i] > ' ' && b[i] < 0x7f && !isTokenByte(b[i])) {
 		i++
 	}
 	if i > maxLeadingSpace {
-		return kindHTTP, true // parsed and checked as a request, never passed on unread
-	}
-	// A few printable bytes that are not a token before the method (Jetty
-	// reads ":GET" and "(GET" as GET) are stepped over, so that what
-	// follows is judged. Control bytes are not: a binary protocol's short
-	// first message (SOCKS5's 05 01 00) must not wait for more.
-	for k := 0; k < maxLeadingJunk && i < len(b) && b[i] > ' ' && b[i] < 0x7f && !isTokenByte(b[i]); k++ {
-		i++
+		return kindHTTP, true
 	}
 	if i == len(b) {
 		return kindOther, false
