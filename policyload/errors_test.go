@@ -346,5 +346,16 @@ func TestLoadTaskFolderNameControl(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err := LoadTask(dir)
-	checkFieldErr(t, err, wantErr{file: "task.md", field: "task.name", msg: "holds control characters"})
+	checkFieldErr(t, err, wantErr{file: "task.md", field: "task.name", msg: "holds control or format characters"})
+	for _, name := range []string{"c1\u009bname", "bidi\u202ename"} {
+		dir := filepath.Join(parent, name)
+		if err := os.Mkdir(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "task.md"), []byte("---\nagent:\n  timeout_sec: 60\n---\nDo it.\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		_, err := LoadTask(dir)
+		checkFieldErr(t, err, wantErr{file: "task.md", field: "task.name", msg: "holds control or format characters"})
+	}
 }

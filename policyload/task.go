@@ -11,6 +11,7 @@ import (
 	"reflect"
 	"strings"
 	"syscall"
+	"unicode"
 	"unicode/utf8"
 
 	"go.yaml.in/yaml/v3"
@@ -131,9 +132,11 @@ func LoadTask(dir string) (*Task, error) {
 	}
 	if p.cfg.Task != nil {
 		t.Name = p.cfg.Task.Name
-	} else if strings.IndexFunc(t.Name, func(r rune) bool { return r < 0x20 || r == 0x7f || r == utf8.RuneError }) >= 0 {
+	} else if strings.IndexFunc(t.Name, func(r rune) bool {
+		return unicode.IsControl(r) || unicode.Is(unicode.Cf, r) || r == utf8.RuneError
+	}) >= 0 {
 		// The name goes to terminals and logs as it is.
-		return nil, fieldErr(p.file, 0, "task.name", "", fmt.Sprintf("missing, and the folder's name %q holds control characters", t.Name),
+		return nil, fieldErr(p.file, 0, "task.name", "", fmt.Sprintf("missing, and the folder's name %q holds control or format characters", t.Name),
 			"set task.name, or rename the folder")
 	}
 	return t, nil
