@@ -17,7 +17,7 @@ const (
 	ReasonServiceAllowed Reason = "service_allowed" // allowlist: a service name matched
 	ReasonCIDRAllowed    Reason = "cidr_allowed"    // allowlist: an address or CIDR rule matched
 	ReasonLearned        Reason = "learned"         // allowlist: the address came from an allowed DNS answer
-	ReasonLocal          Reason = "local"           // 127.0.0.1 or ::1: the sandbox's own loopback (the model proxy)
+	ReasonLocal          Reason = "local"           // flowgate check: 127.0.0.1, ::1, 0.0.0.0, :: or localhost, the sandbox's own loopback
 )
 
 // Reasons for denying.

@@ -173,15 +173,16 @@ func localRemotes(gitDirs []string) []string {
 		}
 		for _, line := range strings.Split(string(b), "\n") {
 			k, v, ok := strings.Cut(strings.TrimSpace(line), "=")
-			if !ok || strings.TrimSpace(k) != "url" {
-				continue
+			if !ok || !strings.EqualFold(strings.TrimSpace(k), "url") {
+				continue // git's config keys are case-insensitive
 			}
 			v = strings.Trim(strings.TrimSpace(v), `"`)
-			v = strings.TrimPrefix(v, "file://")
+			v = strings.TrimPrefix(strings.TrimPrefix(v, "file://localhost"), "file://")
 			switch {
-			case strings.Contains(v, "://") || strings.Contains(v, "@") || v == "":
+			case filepath.IsAbs(v):
+			case strings.Contains(v, "://") || strings.Contains(v, "@") || strings.Contains(v, ":") || v == "":
 				continue // a remote host
-			case !filepath.IsAbs(v):
+			default:
 				v = filepath.Join(filepath.Dir(g), v)
 			}
 			out = append(out, filepath.Clean(v))

@@ -119,19 +119,41 @@ func privateGroup(uid, gid uint32) bool {
 		return false
 	}
 	g, err := user.LookupGroupId(u.Gid)
-	return err == nil && g.Name == u.Username && !groupHasMembers(g.Name)
+	return err == nil && g.Name == u.Username && !groupHasOthers(g.Name, u.Gid, u.Username)
 }
 
-// groupHasMembers reports whether /etc/group lists members for name.
-func groupHasMembers(name string) bool {
-	b, err := os.ReadFile("/etc/group")
-	if err != nil {
-		return true // unknown: assume the worst
+// groupHasOthers reports whether anyone but owner may be in the group:
+// members listed in /etc/group, or another user whose primary group it is
+// in /etc/passwd. A group /etc/group does not list (from NSS: LDAP, sssd)
+// counts as having others: unknown is the worst case.
+func groupHasOthers(name, gid, owner string) bool {
+	group, err1 := os.ReadFile("/etc/group")
+	passwd, err2 := os.ReadFile("/etc/passwd")
+	if err1 != nil || err2 != nil {
+		return true
 	}
-	for _, line := range strings.Split(string(b), "\n") {
+	return groupHasOthersIn(group, passwd, name, gid, owner)
+}
+
+// groupHasOthersIn is groupHasOthers on the two files' contents.
+func groupHasOthersIn(group, passwd []byte, name, gid, owner string) bool {
+	listed := false
+	for _, line := range strings.Split(string(group), "\n") {
 		f := strings.Split(line, ":")
 		if len(f) >= 4 && f[0] == name {
-			return strings.TrimSpace(f[3]) != ""
+			listed = true
+			if strings.TrimSpace(f[3]) != "" {
+				return true
+			}
+		}
+	}
+	if !listed {
+		return true
+	}
+	for _, line := range strings.Split(string(passwd), "\n") {
+		f := strings.Split(line, ":")
+		if len(f) >= 4 && f[3] == gid && f[0] != owner {
+			return true
 		}
 	}
 	return false

@@ -302,3 +302,44 @@ func TestTrialDirRefusesFoldersOthersControl(t *testing.T) {
 		t.Errorf("trial folder %s, want it under the resolved %s", d.path, jobs)
 	}
 }
+
+// TestGroupHasOthers: a user-private group counts only when no one else
+// can be in it, as a listed member or by primary group; a group the files
+// do not list counts as shared.
+func TestGroupHasOthers(t *testing.T) {
+	group := []byte("root:x:0:\nana:x:1001:\nteam:x:1002:bo\nbo:x:1003:\n")
+	passwd := []byte("root:x:0:0::/root:/bin/sh\nana:x:1001:1001::/home/ana:/bin/sh\nbo:x:1003:1003::/home/bo:/bin/sh\ncy:x:1004:1003::/home/cy:/bin/sh\n")
+	for _, c := range []struct {
+		name, gid, owner string
+		want             bool
+	}{
+		{"ana", "1001", "ana", false},
+		{"team", "1002", "ana", true}, // a listed member
+		{"bo", "1003", "bo", true},    // cy's primary group
+		{"ldap", "5000", "ana", true}, // not in /etc/group
+	} {
+		if got := groupHasOthersIn(group, passwd, c.name, c.gid, c.owner); got != c.want {
+			t.Errorf("groupHasOthersIn(%s, %s, %s) = %v, want %v", c.name, c.gid, c.owner, got, c.want)
+		}
+	}
+}
+
+// TestLocalRemotes: a checkout's remotes named by a local path, in the
+// forms git reads as local, are found; remote hosts are not.
+func TestLocalRemotes(t *testing.T) {
+	g := filepath.Join(t.TempDir(), "tree", ".git")
+	if err := os.MkdirAll(g, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	config := "[remote \"a\"]\n\turl = /opt/mirror\n[remote \"b\"]\n\tURL = /opt/upper\n[remote \"c\"]\n\turl = file://localhost/opt/lh\n" +
+		"[remote \"d\"]\n\turl = file:///opt/three\n[remote \"e\"]\n\turl = /opt/mirrors/pkg@2\n[remote \"f\"]\n\turl = ../sibling\n" +
+		"[remote \"g\"]\n\turl = https://example.org/x.git\n[remote \"h\"]\n\turl = git@example.org:x.git\n[remote \"i\"]\n\turl = example.org:x.git\n"
+	if err := os.WriteFile(filepath.Join(g, "config"), []byte(config), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	got := localRemotes([]string{g})
+	want := []string{"/opt/mirror", "/opt/upper", "/opt/lh", "/opt/three", "/opt/mirrors/pkg@2", filepath.Join(filepath.Dir(filepath.Dir(g)), "sibling")}
+	if !slices.Equal(got, want) {
+		t.Errorf("localRemotes = %q, want %q", got, want)
+	}
+}
