@@ -334,20 +334,11 @@ func TestLoadTaskRuntimeRules(t *testing.T) {
 	}
 }
 
-// A task named by its folder may not carry control characters into
-// terminals and logs.
+// A task named by its folder may not carry control or format characters
+// into terminals and logs.
 func TestLoadTaskFolderNameControl(t *testing.T) {
 	parent := t.TempDir()
-	dir := filepath.Join(parent, "evil\x1b[2Jname")
-	if err := os.Mkdir(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "task.md"), []byte("---\nagent:\n  timeout_sec: 60\n---\nDo it.\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	_, err := LoadTask(dir)
-	checkFieldErr(t, err, wantErr{file: "task.md", field: "task.name", msg: "holds control or format characters"})
-	for _, name := range []string{"c1\u009bname", "bidi\u202ename"} {
+	for _, name := range []string{"evil\x1b[2Jname", "c1\u009bname", "bidi\u202ename"} {
 		dir := filepath.Join(parent, name)
 		if err := os.Mkdir(dir, 0o755); err != nil {
 			t.Fatal(err)
