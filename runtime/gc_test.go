@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"flowgate/gate/nstest"
 	"flowgate/integration/simnet"
 )
 
@@ -59,10 +60,10 @@ func TestGCAfterKilledOwner(t *testing.T) {
 	}
 	// Its running phase died with it (Pdeathsig, then the PID namespace).
 	deadline := time.Now().Add(10 * time.Second)
-	for len(hostProcsWith("sleep "+marker)) > 0 && time.Now().Before(deadline) {
+	for len(nstest.HostProcs("sleep "+marker)) > 0 && time.Now().Before(deadline) {
 		time.Sleep(50 * time.Millisecond)
 	}
-	if pids := hostProcsWith("sleep " + marker); len(pids) > 0 {
+	if pids := nstest.HostProcs("sleep " + marker); len(pids) > 0 {
 		t.Errorf("the killed owner's phase still runs: %v", pids)
 	}
 
@@ -147,7 +148,7 @@ func runOwnerHelper() int {
 	marker := os.Getenv("FGRT_MARKER")
 	go sb.Run(context.Background(), Process{Argv: []string{"sleep", marker}, As: Agent})
 	deadline := time.Now().Add(20 * time.Second)
-	for len(hostProcsWith("sleep "+marker)) == 0 && time.Now().Before(deadline) {
+	for len(nstest.HostProcs("sleep "+marker)) == 0 && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	fmt.Println("ready")

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"flowgate/gate/nstest"
+
 	"golang.org/x/sys/unix"
 )
 
@@ -56,7 +58,7 @@ func TestSandboxPhases(t *testing.T) {
 	t.Run("no install process survives", func(t *testing.T) {
 		marker := "1" + strconv.Itoa(int(time.Now().UnixNano()%1e6))
 		mustRun(t, sb, Root, "sh", "-c", "setsid sleep "+marker+" </dev/null >/dev/null 2>&1 & nohup sleep "+marker+" >/dev/null 2>&1 & echo started")
-		if pids := hostProcsWith("sleep " + marker); len(pids) > 0 {
+		if pids := nstest.HostProcs("sleep " + marker); len(pids) > 0 {
 			t.Errorf("install-phase processes still run on the host after Run returned: %v", pids)
 		}
 		out := mustRun(t, sb, Agent, "sh", "-c", "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; done")
@@ -202,7 +204,7 @@ func TestSandboxPhases(t *testing.T) {
 		if d := time.Since(start); d > 30*time.Second {
 			t.Errorf("timeout of 1s took %v", d)
 		}
-		if pids := hostProcsWith("sleep " + marker); len(pids) > 0 {
+		if pids := nstest.HostProcs("sleep " + marker); len(pids) > 0 {
 			t.Errorf("processes of the timed-out phase still run: %v", pids)
 		}
 	})

@@ -19,6 +19,7 @@ import (
 	"github.com/spf13/pflag"
 	"github.com/vishvananda/netlink"
 
+	"flowgate/gate/nstest"
 	"flowgate/runtime"
 )
 
@@ -205,25 +206,6 @@ func cgroupOf(name string) string {
 	return ""
 }
 
-// hostProcs lists host processes whose command line contains marker.
-func hostProcs(marker string) []string {
-	ents, _ := os.ReadDir("/proc")
-	var out []string
-	for _, e := range ents {
-		if e.Name()[0] < '0' || e.Name()[0] > '9' {
-			continue
-		}
-		b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
-		if err != nil || len(b) == 0 {
-			continue
-		}
-		if strings.Contains(strings.ReplaceAll(string(b), "\x00", " "), marker) {
-			out = append(out, e.Name()+": "+strings.ReplaceAll(string(b), "\x00", " "))
-		}
-	}
-	return out
-}
-
 // simnetBefore snapshots the simulated uplinks' namespaces, so that a
 // test can tell which ones it left.
 func simnetBefore() map[string]bool {
@@ -278,7 +260,7 @@ func assertClean(t *testing.T, stateDir string, before map[string]bool, sandboxe
 	if len(left) > 0 {
 		t.Errorf("simulated uplink namespaces are left: %v", left)
 	}
-	if ps := hostProcs("sleep 98765"); len(ps) > 0 {
+	if ps := nstest.HostProcs("sleep 98765"); len(ps) > 0 {
 		t.Errorf("sandbox processes are left on the host: %v", ps)
 	}
 }

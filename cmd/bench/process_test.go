@@ -320,9 +320,9 @@ func testGCAfterKilledRun(t *testing.T, dropHost bool) {
 	}
 	// The sandbox's processes die with bench (their init's parent-death
 	// signal ends each phase's PID namespace).
-	for i := 0; len(hostProcs("sleep 987659")) > 0; i++ {
+	for i := 0; len(nstest.HostProcs("sleep 987659")) > 0; i++ {
 		if i == 100 {
-			t.Fatalf("the agent outlived the killed bench: %v", hostProcs("sleep 987659"))
+			t.Fatalf("the agent outlived the killed bench: %v", nstest.HostProcs("sleep 987659"))
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
