@@ -123,8 +123,9 @@ func ClampTTL(ttl time.Duration) time.Duration {
 // (MaxAddrsPerProtectedName for a protected name).
 func (n *Names) Learn(name string, addrs []netip.Addr, ttl time.Duration, allowed bool) error {
 	ttl = ClampTTL(ttl)
+	protected := n.Protected(name) // once: Protect's policy lookup is not free
 	limit := MaxAddrsPerName
-	if n.Protected(name) {
+	if protected {
 		limit = MaxAddrsPerProtectedName
 	}
 	clean := make([]netip.Addr, 0, min(len(addrs), limit))
@@ -164,7 +165,7 @@ func (n *Names) Learn(name string, addrs []netip.Addr, ttl time.Duration, allowe
 		need = missing()
 	}
 	if !n.roomLocked(n.byName[name] == nil, need) {
-		n.evictLocked(now, n.protectedLocked(name), n.byName[name] == nil, need)
+		n.evictLocked(now, protected, n.byName[name] == nil, need)
 		// Eviction may have taken this name's own entries: count again.
 		if need = missing(); !n.roomLocked(n.byName[name] == nil, need) {
 			return nil // full of names that must stay
@@ -174,7 +175,7 @@ func (n *Names) Learn(name string, addrs []netip.Addr, ttl time.Duration, allowe
 	if m == nil {
 		m = make(map[netip.Addr]time.Time, len(clean))
 		n.byName[name] = m
-		if n.protectedLocked(name) {
+		if protected {
 			n.kept[name] = struct{}{}
 		} else {
 			n.plain[name] = struct{}{}
