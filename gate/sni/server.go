@@ -248,7 +248,7 @@ func (s *Server) takeSlot() string {
 		return ""
 	default:
 		<-s.sem
-		return fmt.Sprintf("the process serves %d connections, all its descriptors allow", cap(s.proc))
+		return fmt.Sprintf("the process serves %d connections, all its open-files limit allows (raise it: ulimit -n, LimitNOFILE)", cap(s.proc))
 	}
 }
 
